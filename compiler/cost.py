@@ -1,0 +1,56 @@
+"""The fusion cost model: every candidate group gets a decision and a reason, fused or not."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .hardware import Hardware
+from .patterns import CostEstimate, Match, PatternRule, intermediate_traffic_cost
+
+
+@dataclass
+class Decision:
+    pattern: str
+    variant: str
+    fused: bool
+    reason: str
+    ops: list[str]
+    anchor: str                   # name of the group's output var (ties the decision to the report)
+    var_names: list[str]
+    bytes_saved: int = 0
+    launches_saved: int = 0
+    predicted_us: float = 0.0
+    onnx_nodes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fmt_bytes(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{n} B"
+
+
+def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, disabled_why: str = "") -> Decision:
+    """Fuse when the pattern is enabled, its feasibility check passes and the predicted benefit is positive."""
+    out = match.output_var()
+    base = dict(pattern=rule.name, variant=match.variant, ops=match.ops,
+                anchor=out.name if out is not None else "", var_names=match.var_names)
+    estimate: CostEstimate = (rule.cost or intermediate_traffic_cost)(match, hw)
+    numbers = dict(bytes_saved=estimate.bytes_saved, launches_saved=estimate.launches_saved,
+                   predicted_us=estimate.predicted_us)
+    if disabled:
+        return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", **base, **numbers)
+    if rule.check is not None:
+        why_not = rule.check(match, hw)
+        if why_not:
+            return Decision(fused=False, reason=why_not, **base, **numbers)
+    if not estimate.beneficial:
+        return Decision(fused=False, reason=f"no predicted benefit on {hw.name} (saves {_fmt_bytes(estimate.bytes_saved)})",
+                        **base, **numbers)
+    reason = (f"saves {_fmt_bytes(estimate.bytes_saved)} of memory traffic and {estimate.launches_saved} "
+              f"kernel(s), ~{estimate.predicted_us:.1f} us on {hw.name}")
+    return Decision(fused=True, reason=reason, **base, **numbers)

@@ -1,0 +1,100 @@
+"""What the cost model knows about each target: one row per architecture.
+
+Numbers are vendor datasheet figures (per-SM shared memory is the configurable maximum; per-block is
+the opt-in maximum; the default static limit is 48 KiB). The host CPU row is read from this machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    kind: str                       # "cuda" or "cpu"
+    arch: str                       # sm_80 ... or the LLVM mcpu
+    mem_bandwidth_gbs: float        # DRAM/HBM bandwidth
+    l2_bytes: int
+    launch_overhead_us: float       # per kernel (CUDA launch, or CPU parallel-region fork/join)
+    sm_count: int = 0
+    smem_per_sm_bytes: int = 0
+    smem_per_block_bytes: int = 48 * 1024
+    regs_per_sm: int = 0
+    cores: int = 0
+    l1d_bytes: int = 0
+    l3_bytes: int = 0
+    vector_regs: int = 16           # architectural SIMD registers (AVX2: 16 ymm)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+
+KiB, MiB = 1024, 1024 * 1024
+
+GPU_TABLE: dict[str, Hardware] = {
+    # A100 SXM4 80 GB
+    "sm_80": Hardware("NVIDIA A100", "cuda", "sm_80", 2039.0, 40 * MiB, 4.0, sm_count=108,
+                      smem_per_sm_bytes=164 * KiB, smem_per_block_bytes=163 * KiB, regs_per_sm=65536),
+    # A10 / RTX 3090 class
+    "sm_86": Hardware("NVIDIA A10", "cuda", "sm_86", 600.0, 6 * MiB, 4.0, sm_count=72,
+                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536),
+    # L4 (Ada)
+    "sm_89": Hardware("NVIDIA L4", "cuda", "sm_89", 300.0, 48 * MiB, 4.0, sm_count=58,
+                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536),
+    # H100 SXM5
+    "sm_90": Hardware("NVIDIA H100", "cuda", "sm_90", 3350.0, 50 * MiB, 3.0, sm_count=132,
+                      smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536),
+    # H200: Hopper sm_90 with HBM3e
+    "h200": Hardware("NVIDIA H200", "cuda", "sm_90", 4800.0, 50 * MiB, 3.0, sm_count=132,
+                     smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536),
+}
+
+SUPPORTED_GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+
+
+def _sysfs_cache_bytes(level: int, kind: str = "Data") -> int:
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                lvl = int(f.read())
+            with open(os.path.join(path, "type")) as f:
+                typ = f.read().strip()
+            if lvl == level and (typ == kind or typ == "Unified"):
+                with open(os.path.join(path, "size")) as f:
+                    text = f.read().strip().upper()
+                mult = {"K": KiB, "M": MiB}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@lru_cache(maxsize=None)
+def host_cpu(mcpu: str = "generic") -> Hardware:
+    """The host CPU as the cost model sees it; bandwidth is a conservative per-socket DDR4 figure."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    l1 = _sysfs_cache_bytes(1) or 32 * KiB
+    l2 = _sysfs_cache_bytes(2, "Unified") or 512 * KiB
+    l3 = _sysfs_cache_bytes(3, "Unified") or 8 * MiB
+    return Hardware("host CPU", "cpu", mcpu, 20.0, l2, 5.0, cores=cores, l1d_bytes=l1, l3_bytes=l3,
+                    vector_regs=32 if "avx512" in mcpu or mcpu in ("skylake-avx512", "icelake-server",
+                                                                   "sapphirerapids", "znver4") else 16)
+
+
+def for_target(kind: str, arch: str, device_name: str | None = None) -> Hardware:
+    if kind == "cuda":
+        if device_name and "H200" in device_name:
+            return GPU_TABLE["h200"]
+        if arch in GPU_TABLE:
+            return GPU_TABLE[arch]
+        # Unknown arch: nearest lower known one, renamed.
+        known = sorted(SUPPORTED_GPU_ARCHS)
+        base = max((a for a in known if a <= arch), default=known[0])
+        return replace(GPU_TABLE[base], arch=arch, name=f"{GPU_TABLE[base].name} (as {arch})")
+    return host_cpu(arch)

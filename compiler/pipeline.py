@@ -1,0 +1,331 @@
+"""The whole compiler pipeline, in order, in one place.
+
+    import (ONNX -> Relax, provenance tags)                          importer.py
+    1  FoldConstant                 materialise weights built by ConstantOfShape/Expand/...
+    2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
+    3  DecomposeOpsForInference     remaining BatchNorm/LayerNorm to elementwise (before fusion, or
+                                    conv and batch-norm never fuse)
+    4  CanonicalizeBindings, DeadCodeElimination, FoldConstant                                 [dce]
+       user passes "before_fusion"
+    5  FuseOpsByPattern             the pattern table (patterns.py); every match is decided by the
+                                    cost model (cost.py) with a reason                         [fusion]
+       user passes "after_fusion"
+    6  LegalizeOps, AnnotateTIROpPattern, FoldConstant     Relax ops -> TIR PrimFuncs
+    7  FuseOps, FuseTIR             generic fusion of the rest, and one PrimFunc per group     [fusion]
+       user passes "after_tir_fusion"
+    8  schedules                    CPU: compiler.schedule.cpu; CUDA: dlight GPU rules         [schedule]
+    9  lower + memory planning      StaticPlanBlockMemory, ... VMShapeLower
+   10  codegen                      tvm.compile for {"kind": "llvm", "mcpu": host} or {"kind": "cuda", "arch": sm_XX}
+
+The unfused build is the same pipeline with steps 5 and 7 off: the fallback users can always ship.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from . import cost, patterns, report
+from .errors import CompileError, UsageError
+from .hardware import Hardware, for_target
+from .importer import ImportResult, import_model, provenance_of
+from .onnx_loader import LoadedModel, load
+from .passes import FoldBatchNorm
+from .target import TargetSpec, resolve
+
+STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
+
+PassLike = Callable[[tvm.IRModule], tvm.IRModule]
+_USER_PASSES: dict[str, list[tuple[str, PassLike]]] = {s: [] for s in STAGES}
+
+
+def register_pass(stage: str, fn: PassLike, name: str | None = None) -> PassLike:
+    """Run `fn(mod) -> mod` at a named stage of every build (the public extension point for passes)."""
+    if stage not in STAGES:
+        raise UsageError(f"unknown pipeline stage {stage!r}; stages are: {', '.join(STAGES)}")
+    _USER_PASSES[stage].append((name or getattr(fn, "__name__", "user_pass"), fn))
+    return fn
+
+
+def unregister_pass(stage: str, name: str) -> None:
+    _USER_PASSES[stage] = [(n, f) for n, f in _USER_PASSES[stage] if n != name]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Every optimisation behind a switch. `CompileOptions(fusion=False)` is the unfused fallback."""
+
+    gpu_arch: str | None = None
+    mcpu: str | None = None
+    fusion: bool = True
+    disabled_patterns: frozenset[str] = frozenset()
+    bn_folding: bool = True
+    dce: bool = True
+    schedule: bool = True
+    num_threads: int | None = None
+    extra_passes: tuple[tuple[str, PassLike], ...] = ()      # (stage, fn) for this build only
+
+    def unfused(self) -> "CompileOptions":
+        return replace(self, fusion=False)
+
+    @property
+    def config_label(self) -> str:
+        if not self.fusion:
+            return "unfused"
+        if self.disabled_patterns:
+            return "fused-no:" + ",".join(sorted(self.disabled_patterns))
+        return "fused"
+
+
+@dataclass
+class CompiledModel:
+    name: str
+    target: TargetSpec
+    options: CompileOptions
+    executable: Any
+    report: report.FusionReport
+    input_names: list[str]
+    input_shapes: dict[str, tuple[int, ...]]
+    output_names: list[str]
+    compile_s: float
+    lowered: tvm.IRModule | None = None      # the module handed to codegen (for inspection)
+    _vm: Any = field(default=None, repr=False)
+
+    def device(self) -> tvm.runtime.Device:
+        return tvm.cuda(0) if self.target.is_gpu else tvm.cpu(0)
+
+    def vm(self) -> relax.VirtualMachine:
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device())
+        return self._vm
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        dev = self.device()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.input_names]
+        out = self.vm()["main"](*args)
+        return [np.asarray(t.numpy()) for t in _flatten(out)]
+
+    def time_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
+        """A closure that runs the model once on pre-uploaded inputs (for timing)."""
+        dev = self.device()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.input_names]
+        vm = self.vm()
+        func = vm["main"]
+
+        def once() -> None:
+            func(*args)
+            if self.target.is_gpu:
+                dev.sync()
+
+        return once
+
+    def cuda_source(self) -> str:
+        return generated_source(self.executable, "cuda")
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        out: list[Any] = []
+        for item in value:
+            out.extend(_flatten(item))
+        return out
+    return [value]
+
+
+def generated_source(executable: Any, kind: str = "cuda") -> str:
+    """Device source code emitted for the executable (CUDA C for cuda targets)."""
+    lib = getattr(executable, "mod", executable)
+    texts = []
+    stack = [lib]
+    seen = set()
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        try:
+            if m.kind == kind or (kind == "cuda" and m.kind in ("cuda", "ptx")):
+                texts.append(m.inspect_source())
+        except Exception:
+            pass
+        try:
+            stack.extend(m.imports)
+        except Exception:
+            pass
+    return "\n".join(texts)
+
+
+# ----------------------------------------------------------------------------- fusion with decisions
+
+def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decision]) -> list[relax.transform.FusionPattern]:
+    out = []
+    seen: set[tuple[str, str]] = set()
+    for rule in patterns.rules():
+        disabled = rule.name in options.disabled_patterns
+        for variant, pat, ann in rule.variants():
+            def check(ctx: relax.transform.PatternCheckContext, rule=rule, variant=variant, disabled=disabled) -> bool:
+                usages = {k: list(v) for k, v in ctx.var_usages.items()}
+                match = patterns.Match(pattern=rule.name, variant=variant, annotated=dict(ctx.annotated_expr),
+                                       bindings=dict(ctx.matched_bindings), var_usages=usages)
+                decision = cost.decide(rule, match, hw, disabled=disabled,
+                                       disabled_why=f"pattern '{rule.name}' disabled by the user (--disable-pattern)")
+                key = (rule.name, decision.anchor)
+                if key not in seen:
+                    seen.add(key)
+                    log.append(decision)
+                elif decision.fused:
+                    log[:] = [d for d in log if (d.pattern, d.anchor) != key] + [decision]
+                return decision.fused
+
+            out.append(relax.transform.FusionPattern(f"fuseguard.{rule.name}", pat, ann, check))
+    return out
+
+
+def _run_user_passes(stage: str, mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
+    for name, fn in list(_USER_PASSES[stage]) + [(getattr(f, "__name__", "pass"), f) for s, f in options.extra_passes if s == stage]:
+        try:
+            mod = fn(mod)
+        except Exception as err:
+            raise CompileError(f"user pass '{name}' at stage '{stage}' failed: {type(err).__name__}: {err}") from err
+        if not isinstance(mod, tvm.IRModule):
+            raise CompileError(f"user pass '{name}' at stage '{stage}' returned {type(mod).__name__}, not an IRModule")
+    return mod
+
+
+def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target, options: CompileOptions) -> tvm.IRModule:
+    if spec.is_gpu:
+        from tvm.s_tir import dlight as dl
+
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+        )(mod)
+    if not options.schedule:
+        return mod
+    try:
+        from .schedule.cpu import schedule_cpu_module
+    except ImportError:
+        return mod
+    return schedule_cpu_module(mod, target, enabled=True, num_threads=options.num_threads)
+
+
+def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str = "model",
+          provenance: Callable[[list[str]], list[str]] | None = None) -> tuple[tvm.IRModule, report.FusionReport]:
+    """Steps 1-9: a Relax module in, a module ready for codegen and its fusion report out."""
+    target = spec.tvm_target()
+    hw = for_target("cuda" if spec.is_gpu else "cpu", spec.arch)
+    provenance = provenance or (lambda names: [])
+    rep = report.FusionReport(model=name, target=spec.label, fusion=options.fusion,
+                              disabled_patterns=sorted(options.disabled_patterns))
+    t0 = time.perf_counter()
+
+    def stage(label: str, passes: Sequence[tvm.transform.Pass], m: tvm.IRModule) -> tvm.IRModule:
+        start = time.perf_counter()
+        with target:
+            m = tvm.transform.Sequential(list(passes))(m)
+        rep.stage_s[label] = rep.stage_s.get(label, 0.0) + time.perf_counter() - start
+        return m
+
+    T = relax.transform
+    mod = stage("fold_constant", [T.FoldConstant()], mod)
+    if options.bn_folding:
+        mod = stage("bn_folding", [FoldBatchNorm(), T.FoldConstant()], mod)
+    mod = stage("decompose", [T.DecomposeOpsForInference()], mod)
+    if options.dce:
+        mod = stage("dce", [T.CanonicalizeBindings(), T.DeadCodeElimination(["main"]), T.FoldConstant()], mod)
+    mod = _run_user_passes("before_fusion", mod, options)
+
+    decisions: list[cost.Decision] = []
+    if options.fusion:
+        fusion_patterns = _fusion_patterns(options, hw, decisions)
+        mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
+                                                          annotate_codegen=False)], mod)
+    mod = _run_user_passes("after_fusion", mod, options)
+
+    mod = stage("legalize", [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
+    rep.ops_before_fusion = report.count_kernels(mod)
+    if options.fusion:
+        mod = stage("fuse_ops", [T.FuseOps()], mod)
+        rep.groups = report.fused_groups(mod, provenance, decisions)
+        mod = stage("fuse_tir", [T.FuseTIR()], mod)
+    for d in decisions:
+        if not d.onnx_nodes:
+            d.onnx_nodes = provenance(d.var_names)
+    rep.decisions = decisions
+    mod = _run_user_passes("after_tir_fusion", mod, options)
+
+    start = time.perf_counter()
+    with target:
+        mod = _schedule(mod, spec, target, options)
+    rep.stage_s["schedule"] = time.perf_counter() - start
+
+    finalize = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(),
+                T.StaticPlanBlockMemory()]
+    if spec.is_gpu:
+        finalize.append(T.RewriteCUDAGraph())
+    finalize += [T.LowerAllocTensor(), T.KillAfterLastUse(), T.LowerRuntimeBuiltin(), T.ComputePrimValue(),
+                 T.VMShapeLower(), T.AttachGlobalSymbol()]
+    rep.kernels = report.count_kernels(mod)
+    mod = stage("memory_plan", finalize, mod)
+    rep.compile_s = time.perf_counter() - t0
+    return mod, rep
+
+
+def build(mod: tvm.IRModule, spec: TargetSpec) -> Any:
+    """Step 10: codegen. CUDA builds need no GPU: TVM emits CUDA source and compiles it with NVRTC/nvcc lazily."""
+    return tvm.compile(mod, target=spec.tvm_target(), relax_pipeline=None)
+
+
+def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(), *, name: str = "model",
+                  input_names: Sequence[str] | None = None, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                  output_names: Sequence[str] | None = None,
+                  provenance: Callable[[list[str]], list[str]] | None = None) -> CompiledModel:
+    """Compile a Relax IRModule (entry `main`) through the pipeline."""
+    spec = resolve(options.gpu_arch, options.mcpu)
+    if options.num_threads is None and not spec.is_gpu:
+        options = replace(options, num_threads=int(os.environ.get("TVM_NUM_THREADS", "0")) or spec.num_cores)
+    unknown = set(options.disabled_patterns) - set(patterns.pattern_names())
+    if unknown:
+        raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(patterns.pattern_names())}")
+    start = time.perf_counter()
+    lowered, rep = lower(mod, spec, options, name=name, provenance=provenance)
+    try:
+        exe = build(lowered, spec)
+    except Exception as err:
+        raise CompileError(f"{name}: code generation for {spec.label} failed: {type(err).__name__}: "
+                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}") from err
+    compile_s = time.perf_counter() - start
+    rep.compile_s = compile_s
+    params = [p.name for p in mod["main"].params]
+    names = list(input_names) if input_names is not None else params
+    return CompiledModel(name=name, target=spec, options=options, executable=exe, report=rep, input_names=names,
+                         input_shapes=dict(input_shapes or {}), output_names=list(output_names or []),
+                         compile_s=compile_s, lowered=lowered)
+
+
+def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedModel | tvm.IRModule,
+                  shapes: Mapping[str, Sequence[int]] | None = None,
+                  options: CompileOptions = CompileOptions(), *, name: str | None = None) -> CompiledModel:
+    """ONNX (path, bytes, ModelProto) or a Relax IRModule in; a runnable CompiledModel out."""
+    if isinstance(source, tvm.IRModule):
+        return compile_relax(source, options, name=name or "module")
+    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name)
+    start = time.perf_counter()
+    imported: ImportResult = import_model(loaded)
+    import_s = time.perf_counter() - start
+    compiled = compile_relax(imported.mod, options, name=loaded.name, input_names=list(loaded.input_shapes),
+                             input_shapes=loaded.input_shapes, output_names=loaded.output_names,
+                             provenance=lambda names: provenance_of(names, imported))
+    compiled.report.stage_s["import"] = import_s
+    compiled.compile_s += import_s
+    return compiled

@@ -1,0 +1,189 @@
+"""The fusion report: each fused group, its ops, the pattern that made it and the ONNX nodes it came from."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+import tvm
+from tvm import relax
+
+from .cost import Decision
+
+_SUFFIX = re.compile(r"\d+$")
+
+
+@dataclass
+class FusedGroup:
+    function: str                 # the Relax function holding the group (becomes one kernel)
+    pattern: str                  # a rule name from compiler.patterns, or "generic" (TVM FuseOps)
+    ops: list[str]
+    onnx_nodes: list[str]
+    reason: str = ""
+    output_var: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FusionReport:
+    model: str
+    target: str
+    fusion: bool
+    disabled_patterns: list[str]
+    groups: list[FusedGroup] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    kernels: int = 0              # call_tir sites in the final module: what actually runs
+    ops_before_fusion: int = 0    # Relax operator calls after legalisation, before any fusion
+    compile_s: float = 0.0
+    stage_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pattern_groups(self) -> list[FusedGroup]:
+        return [g for g in self.groups if g.pattern != "generic"]
+
+    def count(self, pattern: str) -> int:
+        return sum(1 for g in self.groups if g.pattern == pattern)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "target": self.target, "fusion": self.fusion,
+            "disabled_patterns": list(self.disabled_patterns), "kernels": self.kernels,
+            "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
+            "stage_s": dict(self.stage_s),
+            "groups": [g.to_dict() for g in self.groups],
+            "decisions": [d.to_dict() for d in self.decisions],
+        }
+
+    def render(self, *, max_rows: int = 200) -> "object":
+        from rich.table import Table
+
+        table = Table(title=f"fusion report: {self.model} on {self.target} "
+                            f"({len(self.groups)} fused groups, {self.kernels} kernels)")
+        for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
+            table.add_column(col, overflow="fold")
+        for g in self.groups[:max_rows]:
+            nodes = ", ".join(g.onnx_nodes[:4]) + (f" (+{len(g.onnx_nodes) - 4})" if len(g.onnx_nodes) > 4 else "")
+            table.add_row(g.function, g.pattern, " + ".join(g.ops), nodes, g.reason)
+        for d in self.decisions:
+            if not d.fused:
+                table.add_row("(not fused)", d.pattern, " + ".join(d.ops), ", ".join(d.onnx_nodes[:4]), d.reason)
+        return table
+
+
+def op_name(call: relax.Call, mod: tvm.IRModule) -> str | None:
+    """A readable name for one operator call: the Relax op, or the PrimFunc a call_tir targets."""
+    if isinstance(call.op, tvm.ir.Op):
+        if call.op.name in ("relax.call_tir", "relax.call_tir_inplace"):
+            gv = call.args[0]
+            return _SUFFIX.sub("", gv.name_hint).rstrip("_") if isinstance(gv, relax.GlobalVar) else "call_tir"
+        return call.op.name.removeprefix("relax.").removeprefix("nn.")
+    return None
+
+
+def function_ops(func: relax.Function, mod: tvm.IRModule) -> tuple[list[str], list[str]]:
+    """(op names, bound var names) of a function body, in order."""
+    ops: list[str] = []
+    names: list[str] = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.SeqExpr):
+            for block in expr.blocks:
+                for binding in block.bindings:
+                    names.append(binding.var.name)
+                    if isinstance(binding.value, relax.Call):
+                        n = op_name(binding.value, mod)
+                        if n is not None:
+                            ops.append(n)
+                        elif isinstance(binding.value.op, relax.GlobalVar):
+                            inner = mod[binding.value.op]
+                            if isinstance(inner, relax.Function):
+                                sub_ops, sub_names = function_ops(inner, mod)
+                                ops.extend(sub_ops)
+                                names.extend(sub_names)
+            visit(expr.body)
+
+    visit(func.body)
+    return ops, names
+
+
+def count_kernels(mod: tvm.IRModule) -> int:
+    """call_tir / extern call sites in every Relax function: the kernels a run launches."""
+    count = 0
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal count
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in (
+                "relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed"):
+            count += 1
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            relax.analysis.post_order_visit(func.body, visit)
+    return count
+
+
+def count_ops(mod: tvm.IRModule) -> int:
+    count = 0
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal count
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            name = expr.op.name
+            if name.startswith("relax.") and not name.startswith(("relax.builtin", "relax.vm", "relax.memory")):
+                count += 1
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return count
+
+
+_TAGGED = re.compile(r"^n\d+_")
+
+
+def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision]) -> list[FusedGroup]:
+    """Groups called from `main`, in execution order, after FuseOps (before FuseTIR).
+
+    A pattern group is tied to its cost-model decision through the provenance-tagged var names
+    (`n<index>_<Op>`) that both share; untagged names (lv, gv) are not unique and are ignored.
+    """
+    by_name: dict[str, Decision] = {}
+    for d in decisions:
+        if d.fused:
+            for n in d.var_names:
+                if _TAGGED.match(n):
+                    by_name[n] = d
+    main = mod["main"]
+    groups: list[FusedGroup] = []
+
+    def visit_seq(seq: relax.SeqExpr) -> None:
+        for block in seq.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if not (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)):
+                    continue
+                func = mod[value.op]
+                if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
+                    continue
+                ops, names = function_ops(func, mod)
+                names += [p.name for p in func.params]
+                composite = str(func.attrs["Composite"]) if "Composite" in func.attrs else None
+                pattern, reason, anchor = "generic", "TVM FuseOps: injective/reduction ops merged into their producer", ""
+                nodes = provenance([n for n in names if n not in {p.name for p in func.params}])
+                if composite:
+                    pattern = composite.split(".", 1)[-1]
+                    decision = next((by_name[n] for n in names if n in by_name), None)
+                    if decision is not None:
+                        reason, anchor = decision.reason, decision.anchor
+                        nodes = provenance(decision.var_names)
+                        decision.onnx_nodes = nodes
+                if len(ops) < 2 and pattern == "generic":
+                    continue
+                groups.append(FusedGroup(function=value.op.name_hint, pattern=pattern, ops=ops, onnx_nodes=nodes,
+                                         reason=reason, output_var=anchor or binding.var.name))
+
+    if isinstance(main.body, relax.SeqExpr):
+        visit_seq(main.body)
+    return groups

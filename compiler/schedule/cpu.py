@@ -1,0 +1,316 @@
+"""Rule-based CPU scheduling of a fused Relax module (the default pipeline otherwise runs naive loops).
+
+Entry point: :func:`schedule_cpu_module`, run inside ``with target:`` after
+``LegalizeOps -> AnnotateTIROpPattern -> FoldConstant -> FuseOps -> FuseTIR`` and before the stock
+lowering.  Each PrimFunc is classified by structure (iterator kinds, access patterns) and handed to
+one rule, tried in order: matmul, conv2d, row reduction, generic reduction, injective.  A rule that
+raises or declines leaves the function untouched for the next; a function no rule takes is left
+as it was (correct, just slow) and listed in the report.  Every optimisation has a switch in
+:class:`CpuScheduleOptions`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir, tirx
+
+from ..hostcpu import HostCPU, host_from_target
+from . import approx
+from .cpu_conv import match_conv2d, schedule_conv2d
+from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
+from .cpu_matmul import choose_tiles, match_matmul, pack_array, schedule_matmul
+from .tir_analysis import is_reduction, is_spatial, root_blocks
+
+SCHEDULE_ATTR = "fuseguard.cpu_schedule"
+
+
+@dataclass(frozen=True)
+class CpuScheduleOptions:
+    """Switches for each optimisation (all numerically exact except ``fast_math``)."""
+
+    matmul: bool = True
+    pack_weights: bool = True  # constant matmul B operands re-laid out as [N/nr, K, nr] panels
+    conv: bool = True
+    reduction: bool = True
+    injective: bool = True
+    parallel: bool = True
+    fast_math: bool = False  # polynomial exp/erf/tanh (vectorisable; error measured in tests)
+
+    @classmethod
+    def from_env(cls) -> CpuScheduleOptions:
+        """``FUSEGUARD_CPU_SCHEDULE_OFF=pack_weights,conv`` turns switches off, ``..._ON=fast_math`` on."""
+        opts = cls()
+        off = {s.strip() for s in os.environ.get("FUSEGUARD_CPU_SCHEDULE_OFF", "").split(",") if s.strip()}
+        on = {s.strip() for s in os.environ.get("FUSEGUARD_CPU_SCHEDULE_ON", "").split(",") if s.strip()}
+        known = set(cls.__dataclass_fields__)
+        bad = (off | on) - known
+        if bad:
+            raise ValueError(f"unknown CPU schedule switch(es) {sorted(bad)}; known: {sorted(known)}")
+        return replace(opts, **{k: False for k in off}, **{k: True for k in on})
+
+
+@dataclass
+class ScheduleReport:
+    """Which rule took each PrimFunc; ``left_alone`` maps a function to why no rule applied."""
+
+    scheduled: dict[str, str] = field(default_factory=dict)
+    left_alone: dict[str, str] = field(default_factory=dict)
+    packed_weights: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"{name}: {rule}" for name, rule in sorted(self.scheduled.items())]
+        lines += [f"{name}: left alone ({why})" for name, why in sorted(self.left_alone.items())]
+        return "\n".join(lines)
+
+
+def schedule_cpu_module(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    enabled: bool = True,
+    num_threads: int | None = None,
+    options: CpuScheduleOptions | None = None,
+) -> tvm.IRModule:
+    """Schedule every PrimFunc of a fused module for ``target``; a no-op when ``enabled`` is False."""
+    return schedule_cpu_module_with_report(mod, target, enabled=enabled, num_threads=num_threads, options=options)[0]
+
+
+def schedule_cpu_module_with_report(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    enabled: bool = True,
+    num_threads: int | None = None,
+    options: CpuScheduleOptions | None = None,
+) -> tuple[tvm.IRModule, ScheduleReport]:
+    report = ScheduleReport()
+    if not enabled:
+        return mod, report
+    opts = options or CpuScheduleOptions.from_env()
+    host = host_from_target(target)
+    threads = int(num_threads or host.cores)
+    if not opts.parallel:
+        threads = 1
+    call_sites = _collect_call_sites(mod)
+    updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
+    packs: dict[tvm.ir.GlobalVar, tuple[int, int, int, int]] = {}  # gv -> (param, k_dim, j_dim, nr)
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        if func.attrs is not None and ("tirx.is_scheduled" in func.attrs or SCHEDULE_ATTR in func.attrs):
+            report.left_alone[gv.name_hint] = "already scheduled"
+            continue
+        if opts.fast_math:
+            func = approx.rewrite_fast_math(func)
+        result = _schedule_one(func, target, host, opts, threads, call_sites.get(gv, []))
+        if result is None:
+            report.left_alone[gv.name_hint] = "no rule matched"
+            if opts.fast_math:
+                updates[gv] = func
+            continue
+        new_func, rule, pack = result
+        updates[gv] = new_func.with_attr(SCHEDULE_ATTR, rule).with_attr("tirx.is_scheduled", True)
+        report.scheduled[gv.name_hint] = rule
+        if pack is not None:
+            packs[gv] = pack
+            report.packed_weights.append(gv.name_hint)
+    for gv, func in updates.items():
+        mod = _with_function(mod, gv, func)
+    if packs:
+        mod = _repack_constants(mod, packs)
+    return mod, report
+
+
+def _with_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> tvm.IRModule:
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    mod[gv] = func
+    return mod
+
+
+def _schedule_one(
+    func: tirx.PrimFunc,
+    target: tvm.target.Target,
+    host: HostCPU,
+    opts: CpuScheduleOptions,
+    threads: int,
+    sites: list[relax.Call],
+) -> tuple[tirx.PrimFunc, str, tuple[int, int, int, int] | None] | None:
+    """Try the rules in order on fresh copies of ``func``; first success wins."""
+    sch0 = s_tir.Schedule(func)
+    blocks = root_blocks(sch0)
+    if not blocks:
+        return None
+    kinds = [sch0.get(b) for b in blocks]
+    has_red = any(is_reduction(b) for b in kinds)
+
+    if opts.matmul and has_red:
+        res = _try_matmul(func, host, opts, threads, sites)
+        if res is not None:
+            return res
+    if opts.conv and has_red:
+        sch = s_tir.Schedule(func)
+        try:
+            for b in root_blocks(sch):
+                info = match_conv2d(sch, b)
+                if info is not None:
+                    if schedule_conv2d(sch, info, host, num_threads=threads):
+                        return sch.mod["main"], "conv2d", None
+                    break
+        except Exception:  # noqa: BLE001 - rule declined mid-way; fall through to the next rule
+            pass
+    if opts.reduction and has_red:
+        sch = schedule_row_reduction(func, target) if threads > 1 else None
+        if sch is not None and _annotated_parallel(sch.mod["main"]):
+            return sch.mod["main"], "row-reduction", None
+        sch = s_tir.Schedule(func)
+        try:
+            if schedule_generic_reduction(sch, host, num_threads=threads):
+                return sch.mod["main"], "reduction", None
+        except Exception:  # noqa: BLE001
+            pass
+    if opts.injective and not has_red and all(is_spatial(b) for b in kinds):
+        sch = s_tir.Schedule(func)
+        try:
+            if schedule_injective(sch, host, num_threads=threads):
+                return sch.mod["main"], "injective", None
+        except Exception:  # noqa: BLE001
+            pass
+    return None
+
+
+def _try_matmul(
+    func: tirx.PrimFunc,
+    host: HostCPU,
+    opts: CpuScheduleOptions,
+    threads: int,
+    sites: list[relax.Call],
+) -> tuple[tirx.PrimFunc, str, tuple[int, int, int, int] | None] | None:
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1:
+        return None
+    info = infos[0]
+    pack = None
+    if opts.pack_weights:
+        pack = _pack_plan(func, info, host, sites)
+    for attempt_pack in ((True, False) if pack else (False,)):
+        sch = s_tir.Schedule(func)
+        info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
+        try:
+            ok = schedule_matmul(sch, info, host, pack_b=attempt_pack, parallel=threads > 1)
+        except Exception:  # noqa: BLE001 - e.g. an epilogue that cannot follow the tile
+            ok = False
+        if ok:
+            rule = "matmul+packed" if attempt_pack else "matmul"
+            return sch.mod["main"], rule, (pack if attempt_pack else None)
+    return None
+
+
+def _pack_plan(func: tirx.PrimFunc, info, host: HostCPU, sites: list[relax.Call]) -> tuple[int, int, int, int] | None:  # noqa: ANN001
+    """Pack B when it is a parameter fed by a Relax constant at every call site and N splits evenly."""
+    params = list(func.params)
+    idx = next((p for p, v in enumerate(params) if v.same_as(info.b_buffer)), None)
+    if idx is None or not sites:
+        return None
+    nr = choose_tiles(info, host, pack=True).nr
+    if info.n is None or info.k is None or nr < host.fp32_lanes or info.n % nr:
+        return None
+    for call in sites:
+        args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else None
+        if args is None or idx >= len(args) or not isinstance(args[idx], relax.Constant):
+            return None
+    k_dim = info.b_indices.index(info.k_iter)
+    j_dim = info.b_indices.index(info.j_iter)
+    return idx, k_dim, j_dim, nr
+
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _collect_call_sites(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, list[relax.Call]]:
+    sites: dict[tvm.ir.GlobalVar, list[relax.Call]] = {}
+    by_name = {gv.name_hint: gv for gv in mod.get_global_vars()}
+
+    def _visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(_CALL_TIR) and isinstance(expr.args[0], tvm.ir.GlobalVar):
+            gv = by_name.get(expr.args[0].name_hint)
+            if gv is not None:
+                sites.setdefault(gv, []).append(expr)
+        elif isinstance(expr, tvm.ir.GlobalVar) and expr.name_hint in by_name:
+            # A PrimFunc referenced other than by call_tir: never change its signature.
+            sites.setdefault(by_name[expr.name_hint], []).append(None)  # type: ignore[arg-type]
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, _visit)
+    # Each call_tir's GlobalVar is also visited on its own; drop those duplicates, keep foreign uses.
+    cleaned: dict[tvm.ir.GlobalVar, list[relax.Call]] = {}
+    for gv, lst in sites.items():
+        calls = [c for c in lst if c is not None]
+        foreign = len(lst) - len(calls) - len(calls)
+        cleaned[gv] = calls if foreign <= 0 else []
+    return cleaned
+
+
+def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int, int, int, int]]) -> tvm.IRModule:
+    """Replace each packed call site's constant weight with its panel-major copy (exact permutation)."""
+    by_name = {gv.name_hint: plan for gv, plan in packs.items()}
+
+    @relax.expr_functor.mutator
+    class _Repack(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
+            call = super().visit_call_(call)
+            if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[0], tvm.ir.GlobalVar)):
+                return call
+            plan = by_name.get(call.args[0].name_hint)
+            if plan is None:
+                return call
+            idx, k_dim, j_dim, nr = plan
+            fields = list(call.args[1].fields)
+            const = fields[idx]
+            packed = pack_array(const.data.numpy(), k_dim, j_dim, nr)
+            fields[idx] = relax.const(packed, str(packed.dtype))
+            return relax.Call(call.op, [call.args[0], relax.Tuple(fields), *call.args[2:]], call.attrs, call.sinfo_args)
+
+    mutator = _Repack(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+def _annotated_parallel(func: tirx.PrimFunc) -> bool:
+    found: list[bool] = []
+
+    def _visit(loop: tirx.For) -> None:
+        if loop.kind == tirx.ForKind.PARALLEL:
+            found.append(True)
+
+    import tvm_ffi
+
+    tvm_ffi.structural_walk(func, (tirx.For, _visit), order="post")
+    return bool(found)
+
+
+def describe_module(mod: tvm.IRModule) -> dict[str, str]:
+    """Rule recorded on each PrimFunc (``'-'`` when none): lets tests and tools check coverage."""
+    out: dict[str, str] = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            rule = func.attrs.get(SCHEDULE_ATTR) if func.attrs is not None else None
+            out[gv.name_hint] = str(rule) if rule is not None else "-"
+    return out
+
+
+__all__ = [
+    "CpuScheduleOptions",
+    "ScheduleReport",
+    "describe_module",
+    "schedule_cpu_module",
+    "schedule_cpu_module_with_report",
+]
+_ = np  # numpy is used through pack_array; keep the import explicit for readers of this module

@@ -1,0 +1,115 @@
+"""CPU schedules for injective (elementwise, broadcast, layout) and row-reduction kernels.
+
+Why: after fusion most non-matmul PrimFuncs are chains of elementwise blocks or a row reduction
+(softmax, layer norm, mean) that otherwise run as single-threaded scalar loops. Injective chains are
+inlined into one loop nest, fused, split into parallel chunks, and vectorised on the innermost
+(contiguous) axis; reductions take the stock dlight CPU rule (rows parallel, injective parts
+vectorised), which this module drives and checks.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from ..hostcpu import HostCPU
+from .tir_analysis import int_or_none, is_spatial, root_blocks, try_inline_all
+
+# Below this many output elements a parallel region costs more than it saves (thread wake-up ~µs).
+PARALLEL_MIN_ELEMS = 16384
+
+
+def schedule_injective(sch: s_tir.Schedule, host: HostCPU, *, num_threads: int) -> bool:
+    """Schedule a function whose blocks are all spatial; False when it is not such a function."""
+    blocks = root_blocks(sch)
+    if not blocks or not all(is_spatial(sch.get(b)) for b in blocks):
+        return False
+    blocks = try_inline_all(sch)
+    for blk in blocks:
+        _schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+    return True
+
+
+def _schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int) -> None:
+    loops = sch.get_loops(blk)
+    if not loops:
+        return
+    extents = [int_or_none(sch.get(lp).extent) for lp in loops]
+    if any(e is None for e in extents):
+        # Symbolic shapes: parallelise the outermost loop only.
+        if num_threads > 1:
+            sch.parallel(loops[0])
+        return
+    total = 1
+    for e in extents:
+        total *= e  # type: ignore[operator]
+    lanes = host.fp32_lanes
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    inner_vec = lanes if total % lanes == 0 else 1
+    do_par = num_threads > 1 and total >= PARALLEL_MIN_ELEMS
+    if inner_vec > 1:
+        # Chunks of 4 vectors per inner iteration; outer loop split for the thread pool.
+        vec_chunk = inner_vec * 4 if total % (inner_vec * 4) == 0 else inner_vec
+        outer, vec = sch.split(fused, [None, vec_chunk])
+        if vec_chunk > inner_vec:
+            vo, vi = sch.split(vec, [None, inner_vec])
+            sch.vectorize(vi)
+            sch.unroll(vo)
+        else:
+            sch.vectorize(vec)
+    else:
+        outer = fused
+    if do_par:
+        sch.parallel(outer)
+
+
+def schedule_row_reduction(func: tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule | None:
+    """Softmax / layer norm / mean-style kernels via dlight's CPU reduction rule (rows in parallel)."""
+    try:
+        res = dlight.cpu.Reduction().apply(func, target, False)
+    except Exception:  # noqa: BLE001 - rule raises on shapes it does not cover; caller falls back
+        return None
+    if isinstance(res, list):
+        res = res[0] if res else None
+    return res
+
+
+def schedule_generic_reduction(sch: s_tir.Schedule, host: HostCPU, *, num_threads: int) -> bool:
+    """Fallback for any function with reductions: inline what can be, parallelise each block's outer
+    spatial loops (reductions stay serial inside), vectorise trailing spatial loops of injective blocks.
+
+    Covers pooling, global average pooling and reductions over leading axes that the row rule rejects.
+    """
+    blocks = try_inline_all(sch)
+    if not blocks:
+        return False
+    did = False
+    for blk in blocks:
+        block = sch.get(blk)
+        if is_spatial(block):
+            _schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+            did = True
+            continue
+        loops = sch.get_loops(blk)
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if len(loops) != len(kinds):
+            continue
+        lead = 0
+        while lead < len(kinds) and kinds[lead] == tirx.IterVar.DataPar:
+            lead += 1
+        if lead == 0:
+            continue
+        # Put all spatial loops outside the reduction loops when they are separated by reduce loops.
+        spatial_loops = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
+        red_loops = [lp for lp, k in zip(loops, kinds) if k != tirx.IterVar.DataPar]
+        try:
+            sch.reorder(*spatial_loops, *red_loops)
+        except Exception:  # noqa: BLE001 - keep the original order when reordering is illegal
+            spatial_loops = loops[:lead]
+        fused = sch.fuse(*spatial_loops) if len(spatial_loops) > 1 else spatial_loops[0]
+        ext = int_or_none(sch.get(fused).extent)
+        if num_threads > 1 and (ext is None or ext >= 2):
+            sch.parallel(fused)
+        did = True
+    return did
