@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
-from .cpu_conv import match_conv2d, schedule_conv2d
+from .cpu_conv import conv_tiles, match_conv2d, schedule_conv2d
 from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
-from .cpu_matmul import choose_tiles, match_matmul, pack_array, schedule_matmul
+from .cpu_matmul import choose_tiles, match_matmul, schedule_matmul
+from .packing import pack_array
 from .tir_analysis import is_reduction, is_spatial, root_blocks
 
 SCHEDULE_ATTR = "fuseguard.cpu_schedule"
@@ -97,7 +97,7 @@ def schedule_cpu_module_with_report(
         threads = 1
     call_sites = _collect_call_sites(mod)
     updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
-    packs: dict[tvm.ir.GlobalVar, tuple[int, int, int, int]] = {}  # gv -> (param, k_dim, j_dim, nr)
+    packs: dict[tvm.ir.GlobalVar, tuple[int, int, int]] = {}  # gv -> (param, j_dim, nr)
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -138,7 +138,7 @@ def _schedule_one(
     opts: CpuScheduleOptions,
     threads: int,
     sites: list[relax.Call],
-) -> tuple[tirx.PrimFunc, str, tuple[int, int, int, int] | None] | None:
+) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
     """Try the rules in order on fresh copies of ``func``; first success wins."""
     sch0 = s_tir.Schedule(func)
     blocks = root_blocks(sch0)
@@ -152,16 +152,9 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
-        sch = s_tir.Schedule(func)
-        try:
-            for b in root_blocks(sch):
-                info = match_conv2d(sch, b)
-                if info is not None:
-                    if schedule_conv2d(sch, info, host, num_threads=threads):
-                        return sch.mod["main"], "conv2d", None
-                    break
-        except Exception:  # noqa: BLE001 - rule declined mid-way; fall through to the next rule
-            pass
+        res = _try_conv(func, host, opts, threads, sites)
+        if res is not None:
+            return res
     if opts.reduction and has_red:
         sch = schedule_row_reduction(func, target) if threads > 1 else None
         if sch is not None and _annotated_parallel(sch.mod["main"]):
@@ -188,7 +181,7 @@ def _try_matmul(
     opts: CpuScheduleOptions,
     threads: int,
     sites: list[relax.Call],
-) -> tuple[tirx.PrimFunc, str, tuple[int, int, int, int] | None] | None:
+) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
@@ -196,7 +189,8 @@ def _try_matmul(
     info = infos[0]
     pack = None
     if opts.pack_weights:
-        pack = _pack_plan(func, info, host, sites)
+        nr = choose_tiles(info, host, pack=True).nr
+        pack = _pack_plan(func, info.b_buffer, info.b_indices.index(info.j_iter), nr, info.n, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
@@ -210,22 +204,52 @@ def _try_matmul(
     return None
 
 
-def _pack_plan(func: tirx.PrimFunc, info, host: HostCPU, sites: list[relax.Call]) -> tuple[int, int, int, int] | None:  # noqa: ANN001
-    """Pack B when it is a parameter fed by a Relax constant at every call site and N splits evenly."""
-    params = list(func.params)
-    idx = next((p for p, v in enumerate(params) if v.same_as(info.b_buffer)), None)
-    if idx is None or not sites:
+def _try_conv(
+    func: tirx.PrimFunc,
+    host: HostCPU,
+    opts: CpuScheduleOptions,
+    threads: int,
+    sites: list[relax.Call],
+) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1:
         return None
-    nr = choose_tiles(info, host, pack=True).nr
-    if info.n is None or info.k is None or nr < host.fp32_lanes or info.n % nr:
+    pack = None
+    if opts.pack_weights:
+        _, nr = conv_tiles(infos[0], host)
+        pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, nr, infos[0].oc, host, sites)
+    for attempt_pack in ((True, False) if pack else (False,)):
+        sch = s_tir.Schedule(func)
+        info = next(i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None)
+        try:
+            ok = schedule_conv2d(sch, info, host, num_threads=threads, pack_w=attempt_pack)
+        except Exception:  # noqa: BLE001 - rule declined mid-way; the next rule gets a fresh copy
+            ok = False
+        if ok:
+            rule = "conv2d+packed" if attempt_pack else "conv2d"
+            return sch.mod["main"], rule, (pack if attempt_pack else None)
+    return None
+
+
+def _pack_plan(
+    func: tirx.PrimFunc,
+    buffer_var: object,
+    j_dim: int,
+    nr: int,
+    j_extent: int | None,
+    host: HostCPU,
+    sites: list[relax.Call],
+) -> tuple[int, int, int] | None:
+    """Pack a weight when it is a parameter fed by a Relax constant at every call site and splits evenly."""
+    idx = next((p for p, v in enumerate(func.params) if v.same_as(buffer_var)), None)
+    if idx is None or not sites or j_extent is None or nr < 4 or j_extent % nr:
         return None
     for call in sites:
         args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else None
         if args is None or idx >= len(args) or not isinstance(args[idx], relax.Constant):
             return None
-    k_dim = info.b_indices.index(info.k_iter)
-    j_dim = info.b_indices.index(info.j_iter)
-    return idx, k_dim, j_dim, nr
+    return idx, j_dim, nr
 
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -256,7 +280,7 @@ def _collect_call_sites(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, list[relax.
     return cleaned
 
 
-def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int, int, int, int]]) -> tvm.IRModule:
+def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int, int, int]]) -> tvm.IRModule:
     """Replace each packed call site's constant weight with its panel-major copy (exact permutation)."""
     by_name = {gv.name_hint: plan for gv, plan in packs.items()}
 
@@ -269,10 +293,10 @@ def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int
             plan = by_name.get(call.args[0].name_hint)
             if plan is None:
                 return call
-            idx, k_dim, j_dim, nr = plan
+            idx, j_dim, nr = plan
             fields = list(call.args[1].fields)
             const = fields[idx]
-            packed = pack_array(const.data.numpy(), k_dim, j_dim, nr)
+            packed = pack_array(const.data.numpy(), j_dim, nr)
             fields[idx] = relax.const(packed, str(packed.dtype))
             return relax.Call(call.op, [call.args[0], relax.Tuple(fields), *call.args[2:]], call.attrs, call.sinfo_args)
 
@@ -313,4 +337,3 @@ __all__ = [
     "schedule_cpu_module",
     "schedule_cpu_module_with_report",
 ]
-_ = np  # numpy is used through pack_array; keep the import explicit for readers of this module

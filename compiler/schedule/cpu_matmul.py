@@ -17,6 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..hostcpu import HostCPU
+from .packing import pack_param_layout
 from .tir_analysis import REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, root_blocks, simple_index_vars, try_inline_all
 
 
@@ -181,7 +182,7 @@ def schedule_matmul(
         k_loop = lk
     sch.reverse_compute_at(epilogue, io, preserve_unit_loops=True)
     if pack_b:
-        _pack_b_panels(sch, mm, info, nr)
+        pack_param_layout(sch, mm, info.b_buffer, info.b_indices.index(info.j_iter), nr)
     # Loop annotations go on before decompose_reduction: the update block alone is no longer a
     # complete reduction and vectorize/parallel refuse subtrees holding it.
     if parallel:
@@ -217,37 +218,3 @@ def _elementwise_on(sch: s_tir.Schedule, epi: SBlockRV, mm: SBlockRV) -> bool:
             if simple_index_vars(load.indices) != out_vars:
                 return False
     return True
-
-
-def _pack_b_panels(sch: s_tir.Schedule, mm: SBlockRV, info: MatmulInfo, nr: int) -> None:
-    """Rewrite B's layout so each nr-column panel is contiguous: ``[.., K, N] -> [.., N/nr, K, nr]``."""
-    block = sch.get(mm)
-    read_idx = next(i for i, r in enumerate(block.reads) if r.source.same_as(info.b_buffer))
-    k_dim = info.b_indices.index(info.k_iter)
-    j_dim = info.b_indices.index(info.j_iter)
-    ndim = len(info.b_indices)
-
-    def index_map(*idx: tirx.Var) -> list[tirx.Expr]:
-        rest = [idx[d] for d in range(ndim) if d not in (k_dim, j_dim)]
-        return [*rest, idx[j_dim] // nr, idx[k_dim], idx[j_dim] % nr]
-
-    sch.transform_layout(mm, ("read", read_idx), index_map)
-
-
-def packed_shape(shape: tuple[int, ...], k_dim: int, j_dim: int, nr: int) -> tuple[int, ...]:
-    rest = [s for d, s in enumerate(shape) if d not in (k_dim, j_dim)]
-    return (*rest, shape[j_dim] // nr, shape[k_dim], nr)
-
-
-def pack_array(arr, k_dim: int, j_dim: int, nr: int):  # noqa: ANN001, ANN201 - numpy in, numpy out
-    """Numpy twin of ``_pack_b_panels`` for the Relax constant (a permutation: exact)."""
-    import numpy as np
-
-    ndim = arr.ndim
-    rest = [d for d in range(ndim) if d not in (k_dim, j_dim)]
-    moved = np.moveaxis(arr, [*rest, k_dim, j_dim], list(range(ndim)))
-    shp = moved.shape
-    k, n = shp[-2], shp[-1]
-    out = moved.reshape(*shp[:-2], k, n // nr, nr)
-    out = np.moveaxis(out, -2, -3)  # [.., N/nr, K, nr]
-    return np.ascontiguousarray(out)

@@ -1,0 +1,192 @@
+"""Detection power and false-alarm rate of verify.gate, measured with real timings on this machine.
+
+Why a script and not a test: it answers "would the gate have caught a 10% regression here, and how
+often does it cry wolf?", which takes minutes of real measurement and depends on the host's noise.
+
+Workload: an ONNX Runtime session of a small MLP (3 x Gemm+Relu, built with onnx.helper) run K times
+per call; a variant "+x%" runs it round(K * (1 + x)) times, so it does exactly x% more work (its true
+slowdown is measured too and printed). The reference is a second, independent ORT session of the same
+model measured interleaved with the candidate in every run, as fuseguard does with ONNX Runtime. A
+baseline of the original is recorded once (through verify.baselines.record), then the gate runs many
+times per level, in shuffled order so slow phases of the machine are spread over all levels.
+
+    python benchmarks/gate_power.py            # full run, a few minutes
+    python benchmarks/gate_power.py --quick    # >= 20 runs per level, 40 unchanged, about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+from rich.console import Console
+from rich.table import Table
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verify.baselines import Entry, Metadata, load_baselines, make_key, record  # noqa: E402
+from verify.gate import Gate, GatePolicy, GateResult, Measurement, Verdict  # noqa: E402
+from verify.timing import measure_interleaved  # noqa: E402
+
+LEVELS = (0.05, 0.10, 0.20, 0.50)
+K = 20  # session runs per call of the original: 21, 22, 24, 30 give exactly +5/10/20/50% work
+BATCH, WIDTH, LAYERS = 32, 256, 3
+THREADS = 1
+
+
+def mlp_model(seed: int = 0) -> onnx.ModelProto:
+    """A small Gemm+Relu MLP, the kind of subgraph fuseguard fuses."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(LAYERS):
+        inits += [numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) * 0.05).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array(np.zeros(WIDTH, np.float32), f"b{i}")]
+        nodes += [helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"g{i}"]),
+                  helper.make_node("Relu", [f"g{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, WIDTH])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [BATCH, WIDTH])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class LevelStats:
+    results: list[GateResult] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    stats_seconds: list[float] = field(default_factory=list)
+
+
+def rate_ci(k: int, n: int) -> tuple[float, float]:
+    """Clopper-Pearson 95% interval: 0 of 40 false alarms still allows a 9% rate, and the table should say so."""
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return ci.low, ci.high
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20 runs per level and 40 unchanged runs (~1 minute)")
+    parser.add_argument("--runs", type=int, help="gate runs per slowdown level (default 40, quick 20)")
+    parser.add_argument("--null-runs", type=int, help="gate runs with no change (default 300, quick 40)")
+    parser.add_argument("--repeats", type=int, default=15, help="samples per gate run before adaptive sampling")
+    parser.add_argument("--baseline-repeats", type=int, default=50, help="samples in the recorded baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    runs = args.runs or (20 if args.quick else 40)
+    null_runs = args.null_runs or (40 if args.quick else 300)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    started = time.perf_counter()
+
+    model = mlp_model()
+    cand_sess, ref_sess = session(model), session(model)
+    feed = {"x": np.random.default_rng(1).standard_normal((BATCH, WIDTH)).astype(np.float32)}
+
+    def workload(sess: ort.InferenceSession, k: int):
+        def call() -> None:
+            for _ in range(k):
+                sess.run(None, feed)
+        return call
+
+    reference = workload(ref_sess, K)
+    variants = {0.0: workload(cand_sess, K)} | {lvl: workload(cand_sess, round(K * (1 + lvl))) for lvl in LEVELS}
+
+    def run(level: float, n: int, warmup: int = 1) -> Measurement:
+        got = measure_interleaved({"candidate": variants[level], "reference": reference}, warmup=warmup,
+                                  repeats=n, min_time_s=0.0, threads=THREADS)
+        return Measurement.of(got["candidate"], got["reference"], "onnxruntime")
+
+    # Ground truth: each variant against the original, interleaved, many samples.
+    console.print(f"[bold]gate power[/]: ORT MLP {LAYERS}x{WIDTH} batch {BATCH}, {THREADS} thread, "
+                  f"{K} runs per call, {os.cpu_count()} CPUs; measuring true slowdowns ...")
+    truth: dict[float, float] = {0.0: 1.0}
+    for lvl in LEVELS:
+        got = measure_interleaved({"orig": variants[0.0], "var": variants[lvl]}, warmup=3, repeats=60, min_time_s=0.0)
+        truth[lvl] = got["var"].median_ms / got["orig"].median_ms
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cpu-bench-2c.json"
+        key = make_key("mlp3x256", {"x": [BATCH, WIDTH]}, "fused")
+        base_run = run(0.0, args.baseline_repeats, warmup=5)
+        meta = Metadata.collect(f"{os.cpu_count()}-CPU host", threads=THREADS, reference_kind="onnxruntime")
+        record(path, key, Entry.from_samples(base_run.samples_ms, meta, reference_ms=base_run.reference_ms))
+        baselines = load_baselines(path)
+    entry = baselines.lookup(key)
+    assert entry is not None
+    console.print(f"baseline: median {entry.median_ms:.3f} ms, IQR {entry.iqr_ms:.3f} ms, n={entry.n}, "
+                  f"normalised {entry.normalised:.3f}")
+
+    gate = Gate(GatePolicy())
+    schedule = [(lvl, i) for lvl in LEVELS for i in range(runs)] + [(0.0, i) for i in range(null_runs)]
+    np.random.default_rng(args.seed).shuffle(schedule)
+    per_level: dict[float, LevelStats] = {lvl: LevelStats() for lvl in (0.0, *LEVELS)}
+    with console.status("gating") as status:
+        for done, (lvl, _) in enumerate(schedule):
+            status.update(f"gate run {done + 1}/{len(schedule)}")
+            measuring = 0.0
+
+            def more(n: int, lvl: float = lvl) -> Measurement:
+                nonlocal measuring
+                t = time.perf_counter()
+                got = run(lvl, n)
+                measuring += time.perf_counter() - t
+                return got
+
+            t0 = time.perf_counter()
+            first = more(args.repeats)
+            result = gate.check(key, first, baselines, more=more)
+            total = time.perf_counter() - t0
+            bucket = per_level[lvl]
+            bucket.results.append(result)
+            bucket.seconds.append(total)
+            bucket.stats_seconds.append(total - measuring)
+
+    table = Table(title=f"verify.gate on real timings (factor {gate.default.factor:g}, alpha {gate.default.alpha:g}, "
+                        f"{args.repeats} samples then adaptive up to {gate.default.max_samples})")
+    for col in ("change", "true slowdown", "runs", "slower", "same", "faster", "inconcl.",
+                "flagged slower (95% CI)", "median ratio", "mean n", "gate s/model", "stats s/model"):
+        table.add_column(col, justify="right")
+    for lvl, bucket in per_level.items():
+        counts = Counter(r.verdict for r in bucket.results)
+        n = len(bucket.results)
+        k = counts[Verdict.SLOWER]
+        lo, hi = rate_ci(k, n)
+        label = "none" if lvl == 0 else f"+{lvl:.0%}"
+        kind = "false alarms" if lvl == 0 else "detected"
+        table.add_row(label, f"{truth[lvl]:.3f}x", str(n), str(k), str(counts[Verdict.SAME]),
+                      str(counts[Verdict.FASTER]), str(counts[Verdict.INCONCLUSIVE]),
+                      f"{kind} {k / n:.1%} ({lo:.1%}-{hi:.1%})",
+                      f"{np.median([r.ratio for r in bucket.results]):.3f}",
+                      f"{np.mean([r.n_candidate for r in bucket.results]):.0f}",
+                      f"{np.median(bucket.seconds):.2f}", f"{np.median(bucket.stats_seconds):.3f}")
+    console.print(table)
+    null = per_level[0.0].results
+    ten = per_level[0.10].results
+    alarms = sum(r.verdict is not Verdict.SAME for r in null)
+    console.print(f"10% slowdown detected in {sum(r.regressed for r in ten) / len(ten):.1%} of runs (target >= 95%); "
+                  f"unchanged model flagged slower in {sum(r.regressed for r in null) / len(null):.1%} "
+                  f"(target <= 1%), any verdict but same in {alarms / len(null):.1%}")
+    console.print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

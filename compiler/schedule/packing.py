@@ -1,0 +1,41 @@
+"""Compile-time panel packing of constant weights (exact permutation, so numerics are unchanged).
+
+A weight read as ``W[.., j, ..]`` with ``j`` the vectorised output axis becomes
+``Wp[j // nr, .., j % nr]``: each ``nr``-wide panel is contiguous along the reduction axes, so the
+micro-kernel's vector loads stream through memory. The PrimFunc side is a ``transform_layout`` on the
+parameter; the Relax side replaces the constant fed to ``call_tir`` by its numpy-packed copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+
+
+def panel_index_map(ndim: int, j_dim: int, nr: int):  # noqa: ANN201 - returns an index-map lambda
+    def index_map(*idx: tirx.Var) -> list[tirx.Expr]:
+        rest = [idx[d] for d in range(ndim) if d != j_dim]
+        return [idx[j_dim] // nr, *rest, idx[j_dim] % nr]
+
+    return index_map
+
+
+def pack_param_layout(sch: s_tir.Schedule, block: SBlockRV, buffer_var, j_dim: int, nr: int) -> None:  # noqa: ANN001
+    """Rewrite the layout of parameter ``buffer_var`` (read by ``block``) into panels."""
+    blk = sch.get(block)
+    read_idx = next(i for i, r in enumerate(blk.reads) if r.source.same_as(buffer_var))
+    ndim = len(blk.reads[read_idx].region)
+    sch.transform_layout(block, ("read", read_idx), panel_index_map(ndim, j_dim, nr))
+
+
+def pack_array(arr: np.ndarray, j_dim: int, nr: int) -> np.ndarray:
+    """Numpy twin of :func:`panel_index_map`: ``[.., J, ..] -> [J / nr, .., nr]``."""
+    shape = arr.shape
+    if shape[j_dim] % nr:
+        raise ValueError(f"axis {j_dim} of {shape} is not a multiple of {nr}")
+    split = arr.reshape(*shape[:j_dim], shape[j_dim] // nr, nr, *shape[j_dim + 1 :])
+    # axes now: [..j_dim-1], jo (j_dim), ji (j_dim+1), [rest...]
+    ndim = split.ndim
+    order = [j_dim] + [d for d in range(ndim) if d not in (j_dim, j_dim + 1)] + [j_dim + 1]
+    return np.ascontiguousarray(split.transpose(order))

@@ -1,0 +1,267 @@
+"""The `fuseguard` command line.
+
+Exit codes: 0 all passed, 1 an output mismatched (or a build crashed), 2 unusable input or usage.
+Errors are one line on stderr; `--debug` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from compiler.errors import FuseguardError, UsageError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line (its default), and never prints a traceback."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"fuseguard: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_build_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
+    p.add_argument("--default-dim", type=int, default=1, metavar="N",
+                   help="value for every dynamic dimension not pinned by --shape (default 1)")
+    p.add_argument("--gpu-arch", default=None, metavar="ARCH",
+                   help="compile for CUDA sm_80/sm_86/sm_89/sm_90; the run is skipped without a CUDA device")
+    p.add_argument("--mcpu", default=None, help="LLVM CPU for the host target (default: detected)")
+    p.add_argument("--no-fusion", action="store_true", help="turn every fusion off")
+    p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME",
+                   help="turn one fusion pattern off (repeatable); see `fuseguard patterns`")
+    p.add_argument("--no-schedule", action="store_true", help="build without CPU schedules (naive loops)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a Python module that registers fusion patterns or passes (repeatable)")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                   help="per-model limit for compile + run in the worker (default 900 s)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fuseguard", description="Operator-fusion compiler on TVM Relax, and its verifier.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    v = sub.add_parser("verify", help="compile fused and unfused, run both and ONNX Runtime, compare")
+    v.add_argument("models", nargs="*", metavar="MODEL.onnx", help="ONNX files (none: the built-in suite)")
+    _add_build_options(v)
+    v.add_argument("--inputs", default=None, metavar="FILE.npz",
+                   help="input arrays keyed by input name (missing inputs are drawn at random)")
+    v.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    v.add_argument("--atol", type=float, default=None, help="absolute tolerance for float outputs")
+    v.add_argument("--rtol", type=float, default=None, help="relative tolerance for float outputs")
+    v.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    v.add_argument("--report", action="store_true", help="print each build's fusion report")
+    v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
+
+    sub.add_parser("patterns", help="list the fusion patterns")
+    return parser
+
+
+def _options(args: argparse.Namespace):
+    from compiler.pipeline import CompileOptions
+
+    return CompileOptions(gpu_arch=args.gpu_arch, mcpu=args.mcpu, fusion=not args.no_fusion,
+                          disabled_patterns=frozenset(args.disable_pattern), schedule=not args.no_schedule)
+
+
+def _load_plugins(modules: Sequence[str]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            if name.endswith(".py") and Path(name).is_file():
+                import importlib.util
+
+                spec = importlib.util.spec_from_file_location(Path(name).stem, name)
+                module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
+            else:
+                importlib.import_module(name)
+        except Exception as err:
+            raise UsageError(f"--plugin {name}: cannot import ({type(err).__name__}: {err})") from err
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.patterns import pattern_names
+
+    from .compare import Tolerance
+    from .core import SuiteSpec, verify_in_worker, verify_model
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
+    options = _options(args)
+    _load_plugins(args.plugin)
+    unknown = set(args.disable_pattern) - set(pattern_names())
+    if unknown:
+        raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(pattern_names())}")
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    tolerances = None
+    if args.atol is not None or args.rtol is not None:
+        tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
+                               rtol=args.rtol if args.rtol is not None else 1e-4)
+    sources: list[Any]
+    if args.models:
+        sources = list(args.models)
+    else:
+        from suites.models import suite_models
+
+        sources = [SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed)
+                   for m in suite_models(include_slow=not args.quick)]
+        if shapes:
+            raise UsageError("--shape needs a MODEL.onnx (the built-in suite pins its own shapes)")
+    if args.inputs and len(sources) != 1:
+        raise UsageError("--inputs FILE.npz applies to exactly one model")
+
+    # Plugins registered in this process must be registered in the worker too: run in-process then.
+    worker = Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) if not args.plugin else None
+    rows, results, worst = [], [], EXIT_OK
+    try:
+        for source in sources:
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            kwargs = dict(shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options,
+                          seed=args.seed, inputs_file=args.inputs, tolerances=tolerances)
+            try:
+                if worker is not None:
+                    verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
+                else:
+                    verdict = verify_model(source, **kwargs)
+            except FuseguardError as err:
+                if args.debug and getattr(err, "remote_traceback", None):
+                    print(err.remote_traceback, file=sys.stderr)
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                results.append({"model": label, "status": "ERROR", "error": str(err)})
+                rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                message = str(err) if args.debug else str(err).split("\n--- last lines", 1)[0]
+                print(f"fuseguard: error: {label}: {message}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                results.append({"model": label, "status": "ERROR", "error": str(err)})
+                rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
+                continue
+            results.append(verdict.to_dict())
+            for w in verdict.warnings:
+                print(f"fuseguard: warning: {w}", file=sys.stderr)
+            for build in (verdict.fused, verdict.unfused):
+                if build.error:
+                    print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
+            if not verdict.passed:
+                worst = max(worst, EXIT_MISMATCH)
+                for build in (verdict.fused, verdict.unfused):
+                    if build.compare is not None and not build.compare:
+                        print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
+                              f"{build.compare.summary()}", file=sys.stderr)
+            if args.report:
+                rep = _report_from_dict(verdict.fused.report)
+                if rep is not None:
+                    console.print(rep)
+            rows.append(_row(verdict))
+    finally:
+        if worker is not None:
+            worker.close()
+
+    _print_table(console, rows, options)
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, {"target": options.gpu_arch or "cpu", "config": options.config_label,
+                                      "models": results})
+    return worst
+
+
+def _report_from_dict(rep: dict[str, Any]):
+    from rich.table import Table
+
+    if not rep:
+        return None
+    table = Table(title=f"fusion report: {rep['model']} on {rep['target']} ({len(rep['groups'])} groups, "
+                        f"{rep['kernels']} kernels)")
+    for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
+        table.add_column(col, overflow="fold")
+    for g in rep["groups"]:
+        nodes = g["onnx_nodes"]
+        table.add_row(g["function"], g["pattern"], " + ".join(g["ops"]),
+                      ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else ""), g["reason"])
+    for d in rep["decisions"]:
+        if not d["fused"]:
+            table.add_row("(not fused)", d["pattern"], " + ".join(d["ops"]), ", ".join(d["onnx_nodes"][:4]), d["reason"])
+    return table
+
+
+def _fmt_err(build) -> str:
+    if build.error:
+        return "[red]build error[/]"
+    if not build.ran:
+        return "-"
+    err = build.max_abs_error
+    text = f"{err:.2e}" if err is not None else "-"
+    return text if build.passed else f"[red]{text}[/]"
+
+
+def _row(verdict) -> tuple[str, ...]:
+    status = verdict.status
+    colour = {"PASS": "green", "COMPILED": "yellow", "FAIL": "red", "ERROR": "red"}[status]
+    shown = status if not verdict.skipped_run else f"COMPILED ({verdict.skipped_run})"
+    groups = f"{verdict.fused.groups} ({verdict.fused.pattern_groups} pattern)"
+    return (verdict.model, str(verdict.nodes), groups, _fmt_err(verdict.fused), _fmt_err(verdict.unfused),
+            f"[{colour}]{shown}[/]", f"{verdict.fused.compile_s:.1f} / {verdict.unfused.compile_s:.1f}")
+
+
+def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"fuseguard verify ({options.gpu_arch or 'cpu'}, {options.config_label} vs unfused "
+                        f"vs ONNX Runtime)")
+    for col, justify in (("model", "left"), ("nodes", "right"), ("fused groups", "right"),
+                         ("max err fused vs ORT", "right"), ("max err unfused vs ORT", "right"),
+                         ("verdict", "left"), ("compile s (fused / unfused)", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def _patterns(args: argparse.Namespace) -> int:
+    from compiler.patterns import PATTERNS
+
+    for name, rule in PATTERNS.items():
+        print(f"{name:20s} {rule.description}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    handler = {"verify": _verify, "patterns": _patterns}[args.command]
+    try:
+        return handler(args)
+    except FuseguardError as err:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"fuseguard: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("fuseguard: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Verify one model: fused build, unfused build and ONNX Runtime on the same inputs.
+
+`verify_model` does the work in-process; `verify_in_worker` runs it in a reusable worker subprocess
+so a native crash or hang in TVM fails that one model, not the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from compiler.errors import FuseguardError
+from compiler.onnx_loader import LoadedModel, load
+from compiler.pipeline import CompileOptions, CompiledModel, compile_model
+from compiler.target import cuda_device_present, resolve
+
+from .compare import CompareResult, Tolerance, compare_outputs
+from .inputs import load_npz, make_inputs
+
+NO_CUDA_DEVICE = "no CUDA device"
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """A built-in suite model, built inside the worker (no large protobufs through the pipe)."""
+
+    name: str
+    dims: tuple[tuple[str, int], ...] = ()
+    seed: int = 0
+
+    def build(self) -> onnx.ModelProto:
+        from suites.models import get_model
+
+        return get_model(self.name).build(**dict(self.dims))
+
+    @property
+    def label(self) -> str:
+        return self.name + ("[" + ",".join(f"{k}={v}" for k, v in self.dims) + "]" if self.dims else "")
+
+
+@dataclass
+class BuildResult:
+    config: str
+    compile_s: float = 0.0
+    kernels: int = 0
+    groups: int = 0
+    pattern_groups: int = 0
+    ran: bool = False
+    run_s: float = 0.0
+    compare: CompareResult | None = None
+    error: str | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and (self.compare is None or bool(self.compare))
+
+    @property
+    def max_abs_error(self) -> float | None:
+        if self.compare is None or not len(self.compare):
+            return None
+        return max(r.max_abs_error for r in self.compare.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("compare",)}
+        d["compare"] = self.compare.to_dict() if self.compare is not None else None
+        d["max_abs_error"] = self.max_abs_error
+        d["passed"] = self.passed
+        return d
+
+
+@dataclass
+class ModelVerdict:
+    model: str
+    target: str
+    nodes: int
+    input_shapes: dict[str, tuple[int, ...]]
+    seed: int
+    fused: BuildResult
+    unfused: BuildResult
+    skipped_run: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.fused.error or self.unfused.error:
+            return "ERROR"
+        if self.skipped_run:
+            return "COMPILED"
+        return "PASS" if self.fused.passed and self.unfused.passed else "FAIL"
+
+    @property
+    def passed(self) -> bool:
+        return self.status in ("PASS", "COMPILED")
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target, "nodes": self.nodes,
+                "input_shapes": {k: list(v) for k, v in self.input_shapes.items()}, "seed": self.seed,
+                "status": self.status, "skipped_run": self.skipped_run, "warnings": list(self.warnings),
+                "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict()}
+
+
+def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, optimize: bool = False,
+                    threads: int | None = None) -> dict[str, np.ndarray]:
+    """The reference: ONNX Runtime's CPU provider, graph optimisations off unless asked."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, feed)))
+
+
+def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, inputs: Mapping[str, np.ndarray],
+                   reference: Mapping[str, np.ndarray] | None, tolerances: Any,
+                   per_output: Mapping[str, Tolerance] | None) -> tuple[BuildResult, CompiledModel | None]:
+    result = BuildResult(config=config)
+    try:
+        compiled = compile_model(loaded, options=options)
+    except FuseguardError as err:
+        if err.exit_code == 2:
+            raise
+        result.error = str(err)
+        return result, None
+    rep = compiled.report
+    result.compile_s, result.kernels = compiled.compile_s, rep.kernels
+    result.groups, result.pattern_groups = len(rep.groups), len(rep.pattern_groups)
+    result.report = rep.to_dict()
+    if reference is not None:
+        start = time.perf_counter()
+        outputs = compiled.run(inputs)
+        result.run_s = time.perf_counter() - start
+        result.ran = True
+        named = dict(zip(loaded.output_names, outputs))
+        result.compare = compare_outputs(named, dict(reference), tolerances=tolerances, per_output=per_output)
+    return result, compiled
+
+
+def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                 options: CompileOptions = CompileOptions(), seed: int = 0, inputs_file: str | None = None,
+                 tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,
+                 name: str | None = None) -> ModelVerdict:
+    """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare."""
+    if isinstance(source, SuiteSpec):
+        name = name or source.label
+        seed = source.seed if seed == 0 else seed
+        source = source.build()
+    loaded = load(source, shapes, name=name)
+    spec = resolve(options.gpu_arch, options.mcpu)
+    user = load_npz(inputs_file) if inputs_file else None
+    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
+    skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
+    reference = None if skipped else run_onnxruntime(loaded.model, inputs)
+    fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output)
+    unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output)
+    return ModelVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
+                        input_shapes=loaded.input_shapes, seed=seed, fused=fused, unfused=unfused,
+                        skipped_run=skipped, warnings=list(loaded.warnings))
+
+
+def verify_in_worker(source: str | bytes | SuiteSpec, *, timeout: float | None = None, worker: Any = None,
+                     **kwargs: Any) -> ModelVerdict:
+    """`verify_model` in a worker subprocess: crashes and hangs become WorkerFailure for this model only."""
+    from .worker import get_worker
+
+    worker = worker or get_worker()
+    label = source.label if isinstance(source, SuiteSpec) else (kwargs.get("name") or str(source)[:80])
+    options: CompileOptions = kwargs.get("options", CompileOptions())
+    target = options.gpu_arch or "cpu"
+    return worker.call("verify.core:verify_model", what=f"verifying {label} for {target}",
+                       timeout=timeout, source=source, **kwargs)

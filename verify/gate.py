@@ -1,0 +1,305 @@
+"""The latency-regression gate: a slowdown must be large enough to matter AND statistically real.
+
+Why both: a threshold alone (pytest-benchmark's ``compare-fail=min:5%``) fires on noise, and a test
+alone fires on a 0.5% shift nobody cares about (asv requires a factor and Mann-Whitney U). The test is
+Chromium Pinpoint's: p = min(Mann-Whitney U p, Kolmogorov-Smirnov p); p < alpha (0.01) is "different",
+and an unclear result buys more samples, up to a budget, instead of guessing.
+
+Decision, with r the ratio of medians candidate/baseline and [lo, hi] its bootstrap confidence interval:
+
+* significant (p < alpha) and r > 1 and hi >= factor -> ``slower``: a slowdown is real and one of at
+  least ``factor`` is within the interval. When r itself is still below the factor the gate first buys
+  more samples (the interval narrows and a small real slowdown drops out as ``same``); at the budget it
+  reports ``slower``, because a gate that needs r >= factor would miss a slowdown of exactly the factor
+  half the time. ``faster`` is the mirror image, with a hint to update the baseline.
+* the interval lies inside [1/factor, factor] -> ``same``, even when significant (a real 3% shift under
+  a 10% factor).
+* otherwise more samples; at the budget p >= same_p -> ``same``, else ``inconclusive``.
+
+Candidate and baseline are compared as NORMALISED samples (each latency / the median of the reference,
+ONNX Runtime or a calibration kernel, measured interleaved in the same run) when both sides have a
+reference of the same kind, so a slower or busier host shifts both and cancels; raw milliseconds
+otherwise, and the result says so. The interval resamples the reference runs too: their medians are
+estimates and their noise belongs in the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from compiler.errors import UsageError
+from verify.baselines import BaselineFile, Entry, model_of
+from verify.timing import Samples
+
+
+class Verdict(str, Enum):
+    FASTER = "faster"
+    SAME = "same"
+    SLOWER = "slower"
+    INCONCLUSIVE = "inconclusive"
+    NO_BASELINE = "no_baseline"
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    """Thresholds for one model; Gate holds per-model overrides of these."""
+
+    factor: float = 1.10
+    alpha: float = 0.01
+    same_p: float = 0.10
+    max_samples: int = 60
+    step: int = 15
+    confidence: float = 0.95
+    n_resamples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (math.isfinite(self.factor) and self.factor > 1):
+            problems.append(f"factor must be > 1, got {self.factor}")
+        if not 0 < self.alpha < self.same_p < 1:
+            problems.append(f"need 0 < alpha < same_p < 1, got alpha={self.alpha}, same_p={self.same_p}")
+        if self.max_samples < 2 or self.step < 1:
+            problems.append(f"need max_samples >= 2 and step >= 1, got {self.max_samples}, {self.step}")
+        if not 0 < self.confidence < 1:
+            problems.append(f"confidence must be in (0, 1), got {self.confidence}")
+        if self.n_resamples < 100:
+            problems.append(f"n_resamples must be >= 100, got {self.n_resamples}")
+        if problems:
+            raise UsageError("gate policy: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The candidate side of one run: its latencies and the same-run reference latencies, in ms."""
+
+    samples_ms: tuple[float, ...]
+    reference_ms: tuple[float, ...] | None = None
+    reference_kind: str | None = None
+
+    @classmethod
+    def of(cls, candidate: Samples | Sequence[float], reference: Samples | Sequence[float] | None = None,
+           reference_kind: str | None = None) -> Measurement:
+        def ms(values: Samples | Sequence[float]) -> tuple[float, ...]:
+            return tuple(float(v) for v in (values.ms if isinstance(values, Samples) else values))
+
+        return cls(ms(candidate), None if reference is None else ms(reference),
+                   reference_kind if reference is not None else None)
+
+    def extend(self, other: Measurement | Sequence[float]) -> Measurement:
+        if isinstance(other, Measurement):
+            ref = self.reference_ms
+            if other.reference_ms is not None:
+                ref = (ref or ()) + other.reference_ms
+            return Measurement(self.samples_ms + other.samples_ms, ref, self.reference_kind)
+        return Measurement(self.samples_ms + tuple(float(v) for v in other), self.reference_ms, self.reference_kind)
+
+
+MoreFn = Callable[[int], "Measurement | Sequence[float]"]
+"""``more(n)``: n more candidate samples (ms), or a Measurement that also carries fresh reference samples."""
+
+
+def _fmt_p(p: float) -> str:
+    if p < 1e-3:
+        mantissa, exponent = f"{p:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{p:.2g}"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdict for one model, with its evidence; ``str()`` is the one-line report."""
+
+    name: str
+    verdict: Verdict
+    ratio: float | None
+    ci: tuple[float, float] | None
+    p_value: float | None
+    n_candidate: int
+    n_baseline: int
+    factor: float
+    confidence: float
+    normalised: bool
+    rounds: int = 0
+    note: str = ""
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict is Verdict.SLOWER
+
+    def line(self) -> str:
+        if self.verdict is Verdict.NO_BASELINE:
+            return f"{self.name}: no baseline (n={self.n_candidate}){'; ' + self.note if self.note else ''}"
+        assert self.ratio is not None and self.ci is not None and self.p_value is not None
+        lo, hi = self.ci
+        text = (f"{self.name}: {self.verdict.value} {self.ratio:.2f}x ({self.confidence:.0%} CI {lo:.2f}-{hi:.2f}, "
+                f"p={_fmt_p(self.p_value)}, n={self.n_candidate} vs {self.n_baseline})")
+        if not self.normalised:
+            text += " [raw]"
+        return text + (f"; {self.note}" if self.note else "")
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+def p_value(candidate: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray) -> float:
+    """Pinpoint's p: the smaller of the two-sided Mann-Whitney U and Kolmogorov-Smirnov p-values."""
+    a, b = np.asarray(candidate, dtype=float), np.asarray(baseline, dtype=float)
+    if np.all(a == a[0]) and np.all(b == a[0]):
+        return 1.0
+    mwu = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
+    ks = stats.ks_2samp(a, b).pvalue
+    return float(min(mwu, ks))
+
+
+def ratio_ci(candidate: np.ndarray, baseline: np.ndarray, *, candidate_reference: np.ndarray | None = None,
+             baseline_reference: np.ndarray | None = None, confidence: float = 0.95, n_resamples: int = 2000,
+             seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval for median(candidate)/median(baseline), each over its reference median.
+
+    Every sample set given is resampled independently; a reference given only as a median (a constant)
+    is simply left out of the product.
+    """
+    data = [np.asarray(candidate, float), np.asarray(baseline, float)]
+    has_cr, has_br = candidate_reference is not None, baseline_reference is not None
+    if has_cr:
+        data.append(np.asarray(candidate_reference, float))
+    if has_br:
+        data.append(np.asarray(baseline_reference, float))
+
+    def statistic(*arrays: np.ndarray, axis: int = -1) -> np.ndarray:
+        value = np.median(arrays[0], axis=axis) / np.median(arrays[1], axis=axis)
+        i = 2
+        if has_cr:
+            value = value / np.median(arrays[i], axis=axis)
+            i += 1
+        if has_br:
+            value = value * np.median(arrays[i], axis=axis)
+        return value
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DegenerateDataWarning on constant samples: the interval is then a point
+        res = stats.bootstrap(tuple(data), statistic, n_resamples=n_resamples, confidence_level=confidence,
+                              method="percentile", vectorized=True, paired=False,
+                              rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _decide(p: float, r: float, lo: float, hi: float, policy: GatePolicy,
+            exhausted: bool) -> tuple[Verdict, str] | None:
+    """The verdict for the evidence so far, or None to take more samples."""
+    f = policy.factor
+    if p < policy.alpha:
+        if r > 1 and hi >= f:
+            if r >= f:
+                return Verdict.SLOWER, ""
+            return (Verdict.SLOWER, f"below {f:g}x but the CI reaches it after the sample budget") if exhausted else None
+        if r < 1 and lo <= 1 / f:
+            hint = "improvement: update the baseline so later regressions are measured from here"
+            if r <= 1 / f:
+                return Verdict.FASTER, hint
+            return (Verdict.FASTER, hint) if exhausted else None
+        return Verdict.SAME, f"a significant but small shift, within the {f:g}x factor"
+    if 1 / f <= lo and hi <= f:
+        return Verdict.SAME, ""
+    if exhausted:
+        if p >= policy.same_p:
+            return Verdict.SAME, f"not significant after the {policy.max_samples}-sample budget"
+        return Verdict.INCONCLUSIVE, f"sample budget of {policy.max_samples} spent; rerun on a quieter machine"
+    return None
+
+
+def compare(name: str, candidate: Measurement | Samples | Sequence[float], baseline: Entry | None, *,
+            policy: GatePolicy = GatePolicy(), more: MoreFn | None = None) -> GateResult:
+    """Gate one model's candidate run against its baseline entry, sampling more through ``more`` when unclear."""
+    run = candidate if isinstance(candidate, Measurement) else Measurement.of(candidate)
+    if len(run.samples_ms) == 0:
+        raise UsageError(f"{name}: no candidate samples to gate")
+    base_kw = dict(factor=policy.factor, confidence=policy.confidence)
+    if baseline is None:
+        return GateResult(name, Verdict.NO_BASELINE, None, None, None, len(run.samples_ms), 0, normalised=False,
+                          note="record one to start gating this model", **base_kw)
+    rounds = 0
+    while True:
+        cand = np.asarray(run.samples_ms, float)
+        base = np.asarray(baseline.samples_ms, float)
+        normalised = (run.reference_ms is not None and baseline.reference_median_ms is not None
+                      and run.reference_kind == baseline.metadata.reference_kind)
+        note_mode = ""
+        cref = bref = None
+        if normalised:
+            assert run.reference_ms is not None and baseline.reference_median_ms is not None
+            cref = np.asarray(run.reference_ms, float)
+            cand_cmp, base_cmp = cand / np.median(cref), base / baseline.reference_median_ms
+            if baseline.reference_samples_ms is not None:
+                bref = np.asarray(baseline.reference_samples_ms, float)
+        else:
+            cand_cmp, base_cmp = cand, base
+            if run.reference_ms is not None or baseline.reference_median_ms is not None:
+                note_mode = (f"references differ ({run.reference_kind or 'none'} vs "
+                             f"{baseline.metadata.reference_kind or 'none'}), compared raw ms")
+        r = float(np.median(cand_cmp) / np.median(base_cmp))
+        p = p_value(cand_cmp, base_cmp)
+        if len(cand) < 2 or len(base) < 2:
+            lo = hi = r
+        else:
+            lo, hi = ratio_ci(cand, base, candidate_reference=cref,
+                              baseline_reference=bref if normalised else None,
+                              confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed)
+            if normalised and bref is None:
+                scale = float(np.median(base) / np.median(base_cmp))  # the baseline reference median, a constant
+                lo, hi = lo * scale, hi * scale
+        lo, hi = min(lo, r), max(hi, r)
+        exhausted = more is None or len(cand) >= policy.max_samples
+        decided = _decide(p, r, lo, hi, policy, exhausted)
+        if decided is not None:
+            verdict, note = decided
+            note = "; ".join(x for x in (note, note_mode) if x)
+            return GateResult(name, verdict, r, (lo, hi), p, len(cand), len(base), normalised=normalised,
+                              rounds=rounds, note=note, **base_kw)
+        assert more is not None
+        want = min(policy.step, policy.max_samples - len(cand))
+        extra = more(want)
+        got = len(extra.samples_ms) if isinstance(extra, Measurement) else len(extra)
+        rounds += 1
+        if got == 0:
+            more = None  # the callback has nothing more to give: decide on what we have
+            continue
+        run = run.extend(extra)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A default policy plus per-model (or per-key) overrides, e.g. a looser factor for a jittery model."""
+
+    default: GatePolicy = GatePolicy()
+    overrides: Mapping[str, GatePolicy] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, overrides: Mapping[str, Mapping[str, Any]], default: GatePolicy = GatePolicy()) -> Gate:
+        """Build from ``{"resnet50": {"factor": 1.2, "max_samples": 100}}``; unknown fields are an error."""
+        known = {f.name for f in fields(GatePolicy)}
+        built: dict[str, GatePolicy] = {}
+        for model, changes in overrides.items():
+            unknown = sorted(set(changes) - known)
+            if unknown:
+                raise UsageError(f"gate override for {model!r}: unknown field(s) {unknown}; known: {sorted(known)}")
+            built[model] = replace(default, **changes)
+        return cls(default, built)
+
+    def policy_for(self, key: str) -> GatePolicy:
+        """The exact key's override, else the model's, else the default."""
+        return self.overrides.get(key) or self.overrides.get(model_of(key)) or self.default
+
+    def check(self, key: str, candidate: Measurement | Samples | Sequence[float],
+              baselines: BaselineFile | Entry | None, *, more: MoreFn | None = None, name: str | None = None) -> GateResult:
+        entry = baselines.lookup(key) if isinstance(baselines, BaselineFile) else baselines
+        return compare(name or key, candidate, entry, policy=self.policy_for(key), more=more)
