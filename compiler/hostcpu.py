@@ -232,7 +232,7 @@ def host_from_target(target: tvm.target.Target) -> HostCPU:
     cores = int(attrs["num-cores"]) if "num-cores" in attrs else host.cores
     mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else host.mcpu
     features = set(host.features)
-    if mcpu != host.mcpu:
+    if "mcpu" in attrs:
         try:
             from tvm.target import codegen
 

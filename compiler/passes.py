@@ -9,7 +9,7 @@ from tvm.relax.dpl import TupleGetItemPattern, is_const, is_op, rewrite_call, wi
 
 
 def _np(const: relax.Constant) -> np.ndarray:
-    return const.data.numpy()
+    return const.value.numpy()
 
 
 @relax.transform.function_pass(opt_level=0, name="FoldBatchNorm")

@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 import onnx
 import onnx.backend.test
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 LOGITS_OUTPUT = "logits"
@@ -34,6 +35,9 @@ _PASS_THROUGH_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Id
 
 _MIN_IR_VERSION = 4
 """IR 4 lets initializers live outside ``graph.input`` so the data tensor is the only input."""
+
+BN_VARIANCE_FLOOR = 1e-2
+"""Smallest measured BatchNormalization variance kept; activations are unit-scale by then."""
 
 
 class ParamRole(Enum):
@@ -62,8 +66,9 @@ LIGHT_ARCHITECTURES: tuple[LightArchitecture, ...] = (
     LightArchitecture("squeezenet", "light_squeezenet.onnx", False, frozenset({"conv_relu", "softmax"})),
     LightArchitecture("shufflenet", "light_shufflenet.onnx", True, frozenset({"conv_bn_relu", "softmax"})),
     LightArchitecture("inception_v1", "light_inception_v1.onnx", True, frozenset({"conv_relu", "softmax"})),
-    LightArchitecture("inception_v2", "light_inception_v2.onnx", True, frozenset({"conv_bn_relu", "softmax"})),
-    LightArchitecture("densenet121", "light_densenet121.onnx", True, frozenset({"conv_bn_relu"})),
+    # caffe2's SpatialBN exports as BatchNormalization followed by a per-channel Mul and Add.
+    LightArchitecture("inception_v2", "light_inception_v2.onnx", True, frozenset({"conv_bn_affine_relu", "softmax"})),
+    LightArchitecture("densenet121", "light_densenet121.onnx", True, frozenset({"conv_bn_affine_relu"})),
     # AlexNet carries 61M parameters (~240 MB fp32): kept for its Gemm/LRN head, marked slow.
     # VGG-19 (143M) and ZFNet-512 (~90M) add no pattern AlexNet lacks, so they are left out.
     LightArchitecture("alexnet", "light_bvlc_alexnet.onnx", True, frozenset({"conv_relu", "softmax"})),
@@ -190,13 +195,17 @@ def _parameter_sources(graph: onnx.GraphProto, constant_shapes: dict[str, tuple[
     return sources
 
 
-def randomize_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+def randomize_weights(model: onnx.ModelProto, seed: int, *, calibrate: bool = True) -> onnx.ModelProto:
     """Replace every parameter (ConstantOfShape output or float initializer) by seeded random values.
 
     Initializers that already hold real values are redrawn too: the light files keep a few
     pretrained BatchNormalization statistics (variances down to 6e-45, up to 5e4) that only
     make sense with the pretrained convolutions, and next to random convolutions they would
     squash or blow up whole channels.
+
+    With ``calibrate`` the BatchNormalization means and variances are then measured instead of
+    drawn (see ``batchnorm_statistics``): drawn ones leave residual sums to grow unchecked, and
+    ResNet-50's logits reach 1e4-1e5, where fp32 cancellation alone breaks a 1e-4 tolerance.
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -213,43 +222,112 @@ def randomize_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
             shapes[name] = tuple(init.dims)
 
     rng = np.random.default_rng(seed)
-    replaced: dict[str, onnx.TensorProto] = {}
+    params: dict[str, np.ndarray] = {}
     # Sorted names: the draw order, hence the values, must not depend on node order quirks.
     for source in sorted(_parameter_sources(graph, shapes), key=lambda s: s.name):
         shape = shapes[source.name]
-        values = _draw(source.role, shape, _fan_in(source.role, shape, source.consumer), rng)
-        replaced[source.name] = numpy_helper.from_array(values, source.name)
+        params[source.name] = _draw(source.role, shape, _fan_in(source.role, shape, source.consumer), rng)
 
-    leftover_fills = sorted(set(fills) - set(replaced))
+    leftover_fills = sorted(set(fills) - set(params))
     if leftover_fills:
         raise ValueError(f"ConstantOfShape outputs with no recognised parameter role: {leftover_fills}")
 
     kept_nodes = [node for node in graph.node if node.op_type != "ConstantOfShape"]
     del graph.node[:]
     graph.node.extend(kept_nodes)
-    new_inits = [replaced.get(init.name, init) for init in graph.initializer]
-    new_inits += [replaced[name] for name in sorted(replaced) if name not in inits]
-    del graph.initializer[:]
-    graph.initializer.extend(new_inits)
-    _drop_unused_initializers(model)
+    _prune(model, params)
+    if calibrate:
+        (data,) = graph.input
+        image_shape = tuple(d.dim_value for d in data.type.tensor_type.shape.dim)
+        params.update(batchnorm_statistics(model, params, rng.standard_normal(image_shape, dtype=np.float32)))
+    graph.initializer.extend(numpy_helper.from_array(params[name], name) for name in sorted(params))
     return model
 
 
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    """Remove dead initializers (ConstantOfShape shape tensors, unused blobs) and list only data inputs.
+def _prune(model: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> None:
+    """Drop dead initializers (ConstantOfShape shapes, unused blobs) and ``params``; keep only data inputs.
 
     Raises the IR version to 4 if needed, since older IRs demand every initializer be an input.
     """
     graph = model.graph
     used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
-    kept = [init for init in graph.initializer if init.name in used]
+    kept = [init for init in graph.initializer if init.name in used and init.name not in params]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    init_names = {init.name for init in kept}
-    data_inputs = [inp for inp in graph.input if inp.name not in init_names and inp.name in used]
+    constants = {init.name for init in kept} | set(params)
+    data_inputs = [inp for inp in graph.input if inp.name in used and inp.name not in constants]
     del graph.input[:]
     graph.input.extend(data_inputs)
     model.ir_version = max(model.ir_version, _MIN_IR_VERSION)
+
+
+def _float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    for attr in node.attribute:
+        if attr.name == name:
+            return float(helper.get_attribute_value(attr))
+    return default
+
+
+def batchnorm_statistics(
+    model: onnx.ModelProto, params: Mapping[str, np.ndarray], image: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Running mean and variance for every (NCHW) BatchNormalization, measured on ``image``.
+
+    One ONNX Runtime pass over a copy of the graph in which each BatchNormalization normalises
+    with its own batch statistics (training-mode BN), so each statistic is taken with every BN
+    upstream already normalising: the inference graph then reproduces that pass exactly, and
+    every BN sees unit-scale input, as in a trained network. Variances are floored at
+    ``BN_VARIANCE_FLOOR`` so a channel that is dead on ``image`` is not amplified 300x on
+    another input. ``params`` (the weights, absent from ``model``'s initializers) are fed as
+    inputs, which spares serialising 100 MB of weights for one run.
+    """
+    graph = model.graph
+    nodes: list[onnx.NodeProto] = []
+    consts: list[onnx.TensorProto] = [numpy_helper.from_array(np.float32(BN_VARIANCE_FLOOR), "calib/floor")]
+    fetches: dict[str, str] = {}  # statistic tensor -> the BN input it replaces
+
+    def emit(op: str, inputs: list[str], out: str, **attrs: object) -> str:
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    for node in graph.node:
+        if node.op_type != "BatchNormalization":
+            nodes.append(node)
+            continue
+        x, scale, bias, mean_param, var_param = node.input
+        at = f"calib/{node.output[0]}"
+        eps = numpy_helper.from_array(np.float32(_float_attr(node, "epsilon", 1e-5)), f"{at}/eps")
+        consts.append(eps)
+        mean = emit("ReduceMean", [x], f"{at}/mean", axes=[0, 2, 3], keepdims=1)
+        centered = emit("Sub", [x, mean], f"{at}/centered")
+        raw_var = emit("ReduceMean", [emit("Mul", [centered, centered], f"{at}/sq")], f"{at}/raw_var",
+                       axes=[0, 2, 3], keepdims=1)
+        var = emit("Max", [raw_var, "calib/floor"], f"{at}/var")
+        std = emit("Sqrt", [emit("Add", [var, eps.name], f"{at}/var_eps")], f"{at}/std")
+        scaled = emit("Mul", [emit("Div", [centered, std], f"{at}/normed"),
+                              emit("Unsqueeze", [scale], f"{at}/scale", axes=[1, 2])], f"{at}/scaled")
+        emit("Add", [scaled, emit("Unsqueeze", [bias], f"{at}/bias", axes=[1, 2])], node.output[0])
+        fetches[mean], fetches[var] = mean_param, var_param
+    if not fetches:
+        return {}
+
+    used = {name for node in nodes for name in node.input}
+    fed = {name: value for name, value in params.items() if name in used}
+    (data,) = graph.input
+    calibration = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "batchnorm_calibration",
+            [data] + [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, v.shape) for n, v in fed.items()],
+            [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in fetches],
+            initializer=list(graph.initializer) + consts,
+        ),
+        opset_imports=list(model.opset_import),
+        ir_version=model.ir_version,
+    )
+    session = ort.InferenceSession(calibration.SerializeToString(), providers=["CPUExecutionProvider"])
+    measured = session.run(list(fetches), {data.name: image, **fed})
+    return {fetches[name]: value.reshape(-1) for name, value in zip(fetches, measured)}
 
 
 def _activation_tensors(graph: onnx.GraphProto) -> set[str]:
@@ -318,11 +396,14 @@ def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def build_light_model(name: str, *, batch: int = 1, seed: int = 0) -> onnx.ModelProto:
-    """A light architecture with seeded random weights, static ``batch`` and a ``logits`` output."""
+def build_light_model(name: str, *, batch: int = 1, seed: int = 0, calibrate: bool = True) -> onnx.ModelProto:
+    """A light architecture with seeded random weights, static ``batch`` and a ``logits`` output.
+
+    The weights depend on ``seed`` only (calibration runs at batch 1), never on ``batch``.
+    """
     arch = light_architecture(name)
     # Logits first: shape inference is cheap on the constant-weight file, slow on 100 MB of weights.
-    model = randomize_weights(expose_logits(load_light_model(arch.filename)), seed)
+    model = randomize_weights(expose_logits(load_light_model(arch.filename)), seed, calibrate=calibrate)
     set_batch(model, batch)
     model.graph.name = arch.name
     return model

@@ -13,6 +13,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -40,6 +41,7 @@ MASKED_BIAS = -10000.0
 
 FUSION_TAGS: frozenset[str] = frozenset({
     "conv_bn_relu",          # Conv -> BatchNormalization -> Relu
+    "conv_bn_affine_relu",   # Conv -> BatchNormalization -> Mul -> Add -> Relu (caffe2 exports)
     "conv_relu",             # Conv (+bias) -> Relu, no BatchNormalization
     "matmul_bias_gelu",      # MatMul -> Add bias -> GELU (erf or tanh, decomposed)
     "gelu_tanh",             # ... where the GELU is the tanh approximation
@@ -115,10 +117,10 @@ class SuiteModel:
         unknown = sorted(set(given) - set(self.default_dims))
         if unknown:
             raise ValueError(f"{self.name}: unknown dims {unknown}; it takes {sorted(self.default_dims)}")
-        bad = {k: v for k, v in given.items() if not isinstance(v, int) or v < 1}
+        bad = {k: v for k, v in given.items() if isinstance(v, bool) or not isinstance(v, Integral) or v < 1}
         if bad:
             raise ValueError(f"{self.name}: dims must be positive ints, got {bad}")
-        return {**self.default_dims, **given}
+        return {**self.default_dims, **{k: int(v) for k, v in given.items()}}
 
     def input_shapes(self, dims: Mapping[str, int] | None = None) -> dict[str, Shape]:
         """Graph input name -> static shape for ``dims`` (missing dims take their defaults)."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from compiler.errors import BaselineError, UsageError
 from verify.atomic import PathLike, atomic_write_json, read_json_document, update_json
+from verify.timing import Samples
 
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 50
@@ -173,9 +174,17 @@ class Entry:
     reference_samples_ms: tuple[float, ...] | None = None
 
     @classmethod
-    def from_samples(cls, samples_ms: Sequence[float], metadata: Metadata, *,
-                     reference_ms: Sequence[float] | float | None = None) -> Entry:
-        """Summarise a run; ``reference_ms`` is the same-run reference (its samples, or just its median)."""
+    def from_samples(cls, samples_ms: Samples | Sequence[float], metadata: Metadata, *,
+                     reference_ms: Samples | Sequence[float] | float | None = None) -> Entry:
+        """Summarise a run; ``reference_ms`` is the same-run reference (its samples, or just its median).
+
+        Given timing.Samples, their ``usable_ms`` are kept: the unpreempted samples when there are enough,
+        so a baseline recorded on a busy host is not inflated by other processes' time slices.
+        """
+        if isinstance(samples_ms, Samples):
+            samples_ms = samples_ms.usable_ms.tolist()
+        if isinstance(reference_ms, Samples):
+            reference_ms = reference_ms.usable_ms.tolist()
         values = np.asarray(samples_ms, dtype=float)
         if values.size == 0 or not np.all(np.isfinite(values)) or np.any(values <= 0):
             raise UsageError(f"baseline samples must be a non-empty list of positive times, got {list(samples_ms)[:5]}")

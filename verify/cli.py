@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     v = sub.add_parser("verify", help="compile fused and unfused, run both and ONNX Runtime, compare")
-    v.add_argument("models", nargs="*", metavar="MODEL.onnx", help="ONNX files (none: the built-in suite)")
+    v.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or built-in suite model names "
+                   "(none: the whole built-in suite)")
     _add_build_options(v)
     v.add_argument("--inputs", default=None, metavar="FILE.npz",
                    help="input arrays keyed by input name (missing inputs are drawn at random)")
@@ -74,23 +75,6 @@ def _options(args: argparse.Namespace):
                           disabled_patterns=frozenset(args.disable_pattern), schedule=not args.no_schedule)
 
 
-def _load_plugins(modules: Sequence[str]) -> None:
-    import importlib
-
-    for name in modules:
-        try:
-            if name.endswith(".py") and Path(name).is_file():
-                import importlib.util
-
-                spec = importlib.util.spec_from_file_location(Path(name).stem, name)
-                module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-                spec.loader.exec_module(module)  # type: ignore[union-attr]
-            else:
-                importlib.import_module(name)
-        except Exception as err:
-            raise UsageError(f"--plugin {name}: cannot import ({type(err).__name__}: {err})") from err
-
-
 def _verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -98,12 +82,14 @@ def _verify(args: argparse.Namespace) -> int:
     from compiler.patterns import pattern_names
 
     from .compare import Tolerance
-    from .core import SuiteSpec, verify_in_worker, verify_model
+    from .core import SuiteSpec, verify_in_worker
     from .worker import Worker, WorkerFailure, WorkerTaskError
 
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
     options = _options(args)
-    _load_plugins(args.plugin)
+    from compiler.plugins import env_for, load_plugins
+
+    load_plugins(args.plugin)
     unknown = set(args.disable_pattern) - set(pattern_names())
     if unknown:
         raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
@@ -114,11 +100,21 @@ def _verify(args: argparse.Namespace) -> int:
         tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
                                rtol=args.rtol if args.rtol is not None else 1e-4)
     sources: list[Any]
-    if args.models:
-        sources = list(args.models)
-    else:
-        from suites.models import suite_models
+    from suites.models import get_model, suite_models
 
+    if args.models:
+        sources = []
+        for item in args.models:
+            if not Path(item).exists() and not item.endswith(".onnx"):
+                try:
+                    m = get_model(item)
+                except KeyError:
+                    raise UsageError(f"{item}: no such file, and not a built-in suite model "
+                                     f"({', '.join(s.name for s in suite_models())})") from None
+                sources.append(SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed))
+            else:
+                sources.append(item)
+    else:
         sources = [SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed)
                    for m in suite_models(include_slow=not args.quick)]
         if shapes:
@@ -126,8 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.inputs and len(sources) != 1:
         raise UsageError("--inputs FILE.npz applies to exactly one model")
 
-    # Plugins registered in this process must be registered in the worker too: run in-process then.
-    worker = Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) if not args.plugin else None
+    worker = Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug)
     rows, results, worst = [], [], EXIT_OK
     try:
         for source in sources:
@@ -135,10 +130,7 @@ def _verify(args: argparse.Namespace) -> int:
             kwargs = dict(shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options,
                           seed=args.seed, inputs_file=args.inputs, tolerances=tolerances)
             try:
-                if worker is not None:
-                    verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
-                else:
-                    verdict = verify_model(source, **kwargs)
+                verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
             except FuseguardError as err:
                 if args.debug and getattr(err, "remote_traceback", None):
                     print(err.remote_traceback, file=sys.stderr)
@@ -172,8 +164,7 @@ def _verify(args: argparse.Namespace) -> int:
                     console.print(rep)
             rows.append(_row(verdict))
     finally:
-        if worker is not None:
-            worker.close()
+        worker.close()
 
     _print_table(console, rows, options)
     if args.json:

@@ -16,6 +16,7 @@ import onnx
 
 from compiler.errors import FuseguardError
 from compiler.onnx_loader import LoadedModel, load
+from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel, compile_model
 from compiler.target import cuda_device_present, resolve
 
@@ -36,7 +37,7 @@ class SuiteSpec:
     def build(self) -> onnx.ModelProto:
         from suites.models import get_model
 
-        return get_model(self.name).build(**dict(self.dims))
+        return get_model(self.name).make(dict(self.dims), seed=self.seed)
 
     @property
     def label(self) -> str:
@@ -156,6 +157,7 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
                  tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,
                  name: str | None = None) -> ModelVerdict:
     """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare."""
+    load_env_plugins()
     if isinstance(source, SuiteSpec):
         name = name or source.label
         seed = source.seed if seed == 0 else seed

@@ -79,28 +79,43 @@ class GatePolicy:
 
 @dataclass(frozen=True)
 class Measurement:
-    """The candidate side of one run: its latencies and the same-run reference latencies, in ms."""
+    """The candidate side of one run: its latencies and the same-run reference latencies, in ms.
+
+    Built from timing.Samples, it holds their ``usable_ms`` (unpreempted samples when there are enough);
+    ``set_aside`` counts the preempted samples left out and ``noisy`` says a side had too few clean ones.
+    """
 
     samples_ms: tuple[float, ...]
     reference_ms: tuple[float, ...] | None = None
     reference_kind: str | None = None
+    set_aside: int = 0
+    noisy: bool = False
 
     @classmethod
     def of(cls, candidate: Samples | Sequence[float], reference: Samples | Sequence[float] | None = None,
            reference_kind: str | None = None) -> Measurement:
+        set_aside, noisy = 0, False
+
         def ms(values: Samples | Sequence[float]) -> tuple[float, ...]:
-            return tuple(float(v) for v in (values.ms if isinstance(values, Samples) else values))
+            nonlocal set_aside, noisy
+            if not isinstance(values, Samples):
+                return tuple(float(v) for v in values)
+            usable = values.usable_ms
+            set_aside += values.n - usable.size
+            noisy = noisy or values.n_clean < usable.size
+            return tuple(float(v) for v in usable)
 
         return cls(ms(candidate), None if reference is None else ms(reference),
-                   reference_kind if reference is not None else None)
+                   reference_kind if reference is not None else None, set_aside, noisy)
 
     def extend(self, other: Measurement | Sequence[float]) -> Measurement:
         if isinstance(other, Measurement):
             ref = self.reference_ms
             if other.reference_ms is not None:
                 ref = (ref or ()) + other.reference_ms
-            return Measurement(self.samples_ms + other.samples_ms, ref, self.reference_kind)
-        return Measurement(self.samples_ms + tuple(float(v) for v in other), self.reference_ms, self.reference_kind)
+            return Measurement(self.samples_ms + other.samples_ms, ref, self.reference_kind,
+                               self.set_aside + other.set_aside, self.noisy or other.noisy)
+        return replace(self, samples_ms=self.samples_ms + tuple(float(v) for v in other))
 
 
 MoreFn = Callable[[int], "Measurement | Sequence[float]"]
@@ -130,6 +145,7 @@ class GateResult:
     normalised: bool
     rounds: int = 0
     note: str = ""
+    set_aside: int = 0
 
     @property
     def regressed(self) -> bool:
@@ -262,9 +278,10 @@ def compare(name: str, candidate: Measurement | Samples | Sequence[float], basel
         decided = _decide(p, r, lo, hi, policy, exhausted)
         if decided is not None:
             verdict, note = decided
-            note = "; ".join(x for x in (note, note_mode) if x)
+            noisy = "noisy host: too few unpreempted samples, preempted ones compared too" if run.noisy else ""
+            note = "; ".join(x for x in (note, note_mode, noisy) if x)
             return GateResult(name, verdict, r, (lo, hi), p, len(cand), len(base), normalised=normalised,
-                              rounds=rounds, note=note, **base_kw)
+                              rounds=rounds, note=note, set_aside=run.set_aside, **base_kw)
         assert more is not None
         want = min(policy.step, policy.max_samples - len(cand))
         extra = more(want)

@@ -1,6 +1,20 @@
-"""fuseguard's pytest plugin: options, markers and fixtures in one place."""
+"""fuseguard's pytest plugin: options, markers and fixtures in one place.
+
+    pytest                               the suites on this CPU
+    pytest --gpu-arch=sm_80              compile every suite model for sm_80; run it where a GPU is present
+    pytest --no-fusion                   the "fused" side built with every fusion off
+    pytest --disable-pattern NAME        one pattern off (repeatable)
+    pytest --fuseguard-plugin MODULE     import a module that registers patterns or passes
+
+Each model is compiled and run in a reusable worker subprocess (one per xdist worker), so a native
+crash or hang in TVM fails that one test with "crashed (SIGSEGV) while ..." and the session goes on.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,3 +28,85 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="build the 'fused' side with every fusion off (the unfused fallback)")
     group.addoption("--disable-pattern", action="append", default=[], metavar="NAME",
                     help="turn one fusion pattern off (repeatable)")
+    group.addoption("--no-schedule", action="store_true", default=False,
+                    help="build without CPU schedules (TVM's naive loops)")
+    group.addoption("--fuseguard-plugin", action="append", default=[], metavar="MODULE",
+                    help="import a module that registers fusion patterns or passes (repeatable)")
+    group.addoption("--fuseguard-timeout", type=float, default=900.0, metavar="S",
+                    help="per-model limit for compile + run in the worker (default 900 s)")
+    group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
+                    help="hypothesis examples per suite model (default: each suite's own setting)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device to run (compiles anywhere)")
+    config.addinivalue_line("markers", "slow: a large real model")
+    from compiler.plugins import load_plugins
+
+    load_plugins(config.getoption("--fuseguard-plugin") or [])
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from compiler.target import cuda_device_present, resolve
+
+    spec = resolve(config.getoption("--gpu-arch"))
+    device = "CUDA device present" if cuda_device_present() else "no CUDA device"
+    return [f"fuseguard: target {spec.label}, {device}, fusion "
+            f"{'off' if config.getoption('--no-fusion') else 'on'}"
+            + (f", disabled patterns: {', '.join(config.getoption('--disable-pattern'))}"
+               if config.getoption("--disable-pattern") else "")]
+
+
+@pytest.fixture(scope="session")
+def gpu_arch(request: pytest.FixtureRequest) -> str | None:
+    return request.config.getoption("--gpu-arch")
+
+
+@pytest.fixture(scope="session")
+def compile_options(request: pytest.FixtureRequest):
+    """The CompileOptions the command line asks for (the 'fused' side of every comparison)."""
+    from compiler.pipeline import CompileOptions
+
+    cfg = request.config
+    return CompileOptions(gpu_arch=cfg.getoption("--gpu-arch"), fusion=not cfg.getoption("--no-fusion"),
+                          disabled_patterns=frozenset(cfg.getoption("--disable-pattern")),
+                          schedule=not cfg.getoption("--no-schedule"))
+
+
+@pytest.fixture(scope="session")
+def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One reusable worker subprocess per pytest (or xdist worker) process."""
+    from .worker import Worker
+
+    from compiler.plugins import env_for
+
+    env = env_for(request.config.getoption("--fuseguard-plugin") or [])
+    worker = Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=env)
+    yield worker
+    worker.close()
+
+
+@pytest.fixture
+def verify_model(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any):
+    """verify_model(source, **kwargs) -> ModelVerdict, in the worker; a crash or hang fails this test only."""
+    from .core import verify_in_worker
+    from .worker import WorkerFailure
+
+    timeout = request.config.getoption("--fuseguard-timeout")
+
+    def run(source: Any, **kwargs: Any):
+        kwargs.setdefault("options", compile_options)
+        try:
+            return verify_in_worker(source, timeout=timeout, worker=fuseguard_worker, **kwargs)
+        except WorkerFailure as err:
+            pytest.fail(str(err), pytrace=False)
+
+    return run
+
+
+def skip_without_cuda_run(verdict: Any) -> None:
+    """Compiled for a GPU on a machine without one: the compile was checked, the run is skipped."""
+    from .core import NO_CUDA_DEVICE
+
+    if verdict.skipped_run == NO_CUDA_DEVICE:
+        pytest.skip(f"{NO_CUDA_DEVICE}: {verdict.model} compiled for {verdict.target}, device run skipped")

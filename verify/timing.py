@@ -1,10 +1,18 @@
 """Latency measurement that keeps every sample and survives a noisy, shared machine.
 
-Why keep all samples: the gate's statistical tests need the distribution, and an outlier (a context
-switch, a GPU clock change) is information about the run, so outliers are flagged with Tukey fences
-and reported but never dropped. Why interleave: on a 2-core CI host a neighbour's build can slow a
-whole stretch of the run by 20%; measuring candidate and reference alternately (AB BA AB ...) makes
-such drift hit both equally, so the candidate/reference ratio stays honest.
+Why keep all samples: the gate's statistical tests need the distribution, and an outlier (a GPU clock
+change, a page fault) is information about the run, so outliers are flagged with Tukey fences and
+reported but never dropped. Why interleave: on a 2-core CI host a neighbour's build can slow a whole
+stretch of the run; measuring candidate and reference alternately (AB BA AB ...) makes such drift hit
+both equally, so the candidate/reference ratio stays honest.
+
+Why count preemptions: on a loaded 2-core host the scheduler takes the CPU away for a whole time
+slice (several ms) in the middle of a sample; measured here, 70% of 2.5 ms samples were preempted and
+took 2.6-4x as long, which moves the median wherever the load goes and made an unchanged model look
+"significantly slower" in almost half the runs. Each sample records the involuntary context switches
+(getrusage ru_nivcsw, whole process) it suffered; ``usable_ms`` is the unpreempted samples when there
+are enough, and measure() keeps sampling (bounded) until it has ``repeats`` of them. Preempted samples
+stay in ``times_ns``; they are set aside, not hidden.
 """
 
 from __future__ import annotations
@@ -20,15 +28,28 @@ import numpy as np
 from compiler.errors import UsageError
 
 TUKEY_K = 1.5
+MIN_CLEAN = 5
+"""Fewest unpreempted samples that are compared on their own; with fewer, all samples are used."""
+
+try:
+    import resource
+
+    def _preemptions() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+except ImportError:  # Windows: no getrusage; samples carry no preemption counts
+    _preemptions = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
 class Samples:
-    """Per-call latencies of one function, in run order. ``inner`` calls were timed together per sample."""
+    """Per-call latencies of one function, in run order. ``inner`` calls were timed together per sample;
+    ``preempted[i]`` is how often the OS preempted the process during sample i (None: not reported)."""
 
     times_ns: tuple[float, ...]
     inner: int = 1
     threads: int | None = None
+    preempted: tuple[int, ...] | None = None
 
     @property
     def ms(self) -> np.ndarray:
@@ -65,23 +86,38 @@ class Samples:
         values = self.ms
         return tuple(int(i) for i in np.flatnonzero((values < lo) | (values > hi)))
 
+    @property
+    def n_clean(self) -> int:
+        """Samples the OS did not preempt (all of them where it does not report preemptions)."""
+        return self.n if self.preempted is None else sum(1 for c in self.preempted if c == 0)
+
+    @property
+    def usable_ms(self) -> np.ndarray:
+        """What a comparison should use: the unpreempted samples if at least MIN_CLEAN, else all samples."""
+        if self.preempted is None or self.n_clean == self.n or self.n_clean < min(MIN_CLEAN, self.n):
+            return self.ms
+        return self.ms[np.asarray(self.preempted) == 0]
+
     def extend(self, other: Samples) -> Samples:
         """This run followed by ``other`` (adaptive sampling appends rounds)."""
+        preempted = None if self.preempted is None or other.preempted is None else self.preempted + other.preempted
         return Samples(self.times_ns + other.times_ns, inner=max(self.inner, other.inner),
-                       threads=self.threads if self.threads is not None else other.threads)
+                       threads=self.threads if self.threads is not None else other.threads, preempted=preempted)
 
     def summary(self) -> str:
-        """One line: median, IQR, n and how many outliers were kept."""
+        """One line: median, IQR, n, and how many outliers and preempted samples were kept."""
         out = self.outliers
         tail = f", {len(out)} outlier{'s' if len(out) != 1 else ''} kept" if out else ""
+        if self.n_clean < self.n:
+            tail += f", {self.n - self.n_clean} preempted"
         threads = f", {self.threads} threads" if self.threads is not None else ""
         return f"median {self.median_ms:.4g} ms, IQR {self.iqr_ms:.3g} ms, n={self.n}{threads}{tail}"
 
 
-def _check(warmup: int, repeats: int, min_time_s: float) -> None:
-    if warmup < 0 or repeats < 1 or not (math.isfinite(min_time_s) and min_time_s >= 0):
-        raise UsageError(f"measure: need warmup >= 0, repeats >= 1, min_time_s >= 0; "
-                         f"got {warmup}, {repeats}, {min_time_s}")
+def _check(warmup: int, repeats: int, min_time_s: float, max_rounds: int) -> None:
+    if warmup < 0 or repeats < 1 or max_rounds < repeats or not (math.isfinite(min_time_s) and min_time_s >= 0):
+        raise UsageError(f"measure: need warmup >= 0, repeats >= 1, max_rounds >= repeats, min_time_s >= 0; "
+                         f"got {warmup}, {repeats}, {max_rounds}, {min_time_s}")
 
 
 def _timed(fn: Callable[[], object], inner: int, sync: Callable[[], object] | None) -> int:
@@ -92,6 +128,15 @@ def _timed(fn: Callable[[], object], inner: int, sync: Callable[[], object] | No
     if sync is not None:
         sync()
     return time.perf_counter_ns() - start
+
+
+def _sample(fn: Callable[[], object], inner: int, sync: Callable[[], object] | None) -> tuple[int, int]:
+    """One sample: (wall ns, involuntary context switches during it; 0 where not reported)."""
+    if _preemptions is None:
+        return _timed(fn, inner, sync), 0
+    before = _preemptions()
+    elapsed = _timed(fn, inner, sync)
+    return elapsed, _preemptions() - before
 
 
 def _calibrate(fn: Callable[[], object], warmup: int, min_time_s: float, sync: Callable[[], object] | None) -> int:
@@ -106,9 +151,12 @@ def _calibrate(fn: Callable[[], object], warmup: int, min_time_s: float, sync: C
     return max(1, math.ceil(min_time_s * 1e9 / max(last, 1)))
 
 
-def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min_time_s: float = 1e-3,
-            sync: Callable[[], object] | None = None, threads: int | None = None) -> Samples:
-    """Time ``fn``: ``warmup`` untimed calls, then ``repeats`` samples of at least ``min_time_s`` each.
+def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min_time_s: float = 5e-4,
+            sync: Callable[[], object] | None = None, threads: int | None = None,
+            max_rounds: int | None = None) -> Samples:
+    """Time ``fn``: ``warmup`` untimed calls, then ``repeats`` unpreempted samples of at least ``min_time_s``.
+
+    Preempted samples are kept and sampling continues, up to ``max_rounds`` samples (default 4 x repeats).
 
     A sample shorter than the timer's useful resolution is dominated by overhead, so sub-millisecond
     functions are called ``inner`` times per sample and the per-call mean recorded. ``threads`` is
@@ -116,18 +164,20 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min
     collector is paused while timing so a collection cannot land inside one sample.
     """
     return measure_interleaved({"fn": fn}, warmup=warmup, repeats=repeats, min_time_s=min_time_s, sync=sync,
-                               threads=threads)["fn"]
+                               threads=threads, max_rounds=max_rounds)["fn"]
 
 
 def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
-                        min_time_s: float = 1e-3, sync: Callable[[], object] | None = None,
-                        threads: int | None = None) -> dict[str, Samples]:
+                        min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
+                        threads: int | None = None, max_rounds: int | None = None) -> dict[str, Samples]:
     """Time several functions alternately, one sample each per round, so drift hits all of them equally.
 
     Rounds alternate direction (A B, B A, A B, ...): plain ABAB would always run B right after A, so
-    any cache or clock state A leaves behind would bias B only.
+    any cache or clock state A leaves behind would bias B only. Rounds continue until every function
+    has ``repeats`` unpreempted samples or ``max_rounds`` (default 4 x repeats) rounds were run.
     """
-    _check(warmup, repeats, min_time_s)
+    rounds_cap = 4 * repeats if max_rounds is None else max_rounds
+    _check(warmup, repeats, min_time_s, rounds_cap)
     if not fns:
         raise UsageError("measure_interleaved: no functions to measure")
     names = list(fns)
@@ -136,10 +186,19 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
     try:
         inner = {name: _calibrate(fns[name], warmup, min_time_s, sync) for name in names}
         times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(repeats):
+        switches: dict[str, list[int]] = {name: [] for name in names}
+        clean = dict.fromkeys(names, 0)
+        r = 0
+        while r < repeats or (r < rounds_cap and min(clean.values()) < repeats):
             for name in names if r % 2 == 0 else reversed(names):
-                times[name].append(_timed(fns[name], inner[name], sync) / inner[name])
+                elapsed, preempted = _sample(fns[name], inner[name], sync)
+                times[name].append(elapsed / inner[name])
+                switches[name].append(preempted)
+                clean[name] += preempted == 0
+            r += 1
     finally:
         if enabled:
             gc.enable()
-    return {name: Samples(tuple(times[name]), inner=inner[name], threads=threads) for name in names}
+    return {name: Samples(tuple(times[name]), inner=inner[name], threads=threads,
+                          preempted=None if _preemptions is None else tuple(switches[name]))
+            for name in names}

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from ..hostcpu import HostCPU, host_from_target
@@ -26,6 +27,10 @@ from .packing import pack_array
 from .tir_analysis import is_reduction, is_spatial, root_blocks
 
 SCHEDULE_ATTR = "fuseguard.cpu_schedule"
+# Functions doing less work than this (summed block iteration counts) run single-threaded: a parallel
+# region costs microseconds when cores are idle but milliseconds when they are shared (the pool's
+# barrier waits for a descheduled worker), measured 0.2 ms serial vs 4-12 ms parallel for LayerNorm.
+PARALLEL_MIN_WORK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class CpuScheduleOptions:
     reduction: bool = True
     injective: bool = True
     parallel: bool = True
-    fast_math: bool = False  # polynomial exp/erf/tanh (vectorisable; error measured in tests)
+    # Polynomial exp/erf/tanh that stay vectorised: <= 3.3e-7 abs error (a few float32 ulp), inf/NaN kept.
+    fast_math: bool = True
 
     @classmethod
     def from_env(cls) -> CpuScheduleOptions:
@@ -106,7 +112,8 @@ def schedule_cpu_module_with_report(
             continue
         if opts.fast_math:
             func = approx.rewrite_fast_math(func)
-        result = _schedule_one(func, target, host, opts, threads, call_sites.get(gv, []))
+        fthreads = threads if _work(func) >= PARALLEL_MIN_WORK else 1
+        result = _schedule_one(func, target, host, opts, fthreads, call_sites.get(gv, []))
         if result is None:
             report.left_alone[gv.name_hint] = "no rule matched"
             if opts.fast_math:
@@ -119,10 +126,24 @@ def schedule_cpu_module_with_report(
             packs[gv] = pack
             report.packed_weights.append(gv.name_hint)
     for gv, func in updates.items():
-        mod = _with_function(mod, gv, func)
+        if gv not in packs:
+            mod = _with_function(mod, gv, func)
     if packs:
-        mod = _repack_constants(mod, packs)
+        mod = _repack_constants(mod, {gv: (updates[gv], plan) for gv, plan in packs.items()})
     return mod, report
+
+
+def _work(func: tirx.PrimFunc) -> int:
+    """Iterations summed over blocks (symbolic extents count as large): a cheap size estimate."""
+    total = 0
+    sch = s_tir.Schedule(func)
+    for blk in root_blocks(sch):
+        n = 1
+        for iv in sch.get(blk).iter_vars:
+            ext = iv.dom.extent
+            n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1 << 20
+        total += n
+    return total
 
 
 def _with_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> tvm.IRModule:
@@ -156,9 +177,10 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.reduction and has_red:
-        sch = schedule_row_reduction(func, target) if threads > 1 else None
+        sch = schedule_row_reduction(func, target)
         if sch is not None and _annotated_parallel(sch.mod["main"]):
-            return sch.mod["main"], "row-reduction", None
+            out = sch.mod["main"] if threads > 1 else _serialise(sch.mod["main"])
+            return out, "row-reduction", None
         sch = s_tir.Schedule(func)
         try:
             if schedule_generic_reduction(sch, host, num_threads=threads):
@@ -247,7 +269,7 @@ def _pack_plan(
         return None
     for call in sites:
         args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else None
-        if args is None or idx >= len(args) or not isinstance(args[idx], relax.Constant):
+        if args is None or idx >= len(args) or not isinstance(args[idx], tvm.ir.GenericConst):
             return None
     return idx, j_dim, nr
 
@@ -280,9 +302,20 @@ def _collect_call_sites(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, list[relax.
     return cleaned
 
 
-def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int, int, int]]) -> tvm.IRModule:
-    """Replace each packed call site's constant weight with its panel-major copy (exact permutation)."""
-    by_name = {gv.name_hint: plan for gv, plan in packs.items()}
+def _repack_constants(
+    mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[tirx.PrimFunc, tuple[int, int, int]]]
+) -> tvm.IRModule:
+    """Install re-laid-out PrimFuncs and feed each call site the panel-major copy of its constant.
+
+    A changed signature needs a fresh GlobalVar (its type is derived when the builder adds it), so the
+    old functions are dropped and call sites are pointed at the new ones.
+    """
+    rest = tvm.IRModule({g: f for g, f in mod.functions_items() if g not in packs}, attrs=mod.attrs)
+    bb = relax.BlockBuilder(rest)
+    plan_by_name: dict[str, tuple[tvm.ir.GlobalVar, tuple[int, int, int]]] = {}
+    for old_gv, (func, plan) in packs.items():
+        plan_by_name[old_gv.name_hint] = (bb.add_func(func, old_gv.name_hint), plan)
+    staged = bb.get()
 
     @relax.expr_functor.mutator
     class _Repack(relax.PyExprMutator):
@@ -290,21 +323,31 @@ def _repack_constants(mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[int
             call = super().visit_call_(call)
             if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[0], tvm.ir.GlobalVar)):
                 return call
-            plan = by_name.get(call.args[0].name_hint)
-            if plan is None:
+            entry = plan_by_name.get(call.args[0].name_hint)
+            if entry is None:
                 return call
-            idx, j_dim, nr = plan
+            new_gv, (idx, j_dim, nr) = entry
             fields = list(call.args[1].fields)
-            const = fields[idx]
-            packed = pack_array(const.data.numpy(), j_dim, nr)
+            packed = pack_array(fields[idx].value.numpy(), j_dim, nr)
             fields[idx] = relax.const(packed, str(packed.dtype))
-            return relax.Call(call.op, [call.args[0], relax.Tuple(fields), *call.args[2:]], call.attrs, call.sinfo_args)
+            return relax.Call(call.op, [new_gv, relax.Tuple(fields), *call.args[2:]], call.attrs, call.ty_args)
 
-    mutator = _Repack(mod)
-    for gv, func in mod.functions_items():
+    mutator = _Repack(staged)
+    for gv, func in staged.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+def _serialise(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Turn parallel loops serial (for functions too small to amortise a parallel region)."""
+
+    def _loop(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
+        body = mutator.mutate(loop.body)
+        kind = tirx.ForKind.SERIAL if loop.kind == tirx.ForKind.PARALLEL else loop.kind
+        return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body, loop.thread_binding, loop.annotations, loop.step, loop.span)
+
+    return tvm_ffi.structural_mutate(func, (tirx.For, _loop))
 
 
 def _annotated_parallel(func: tirx.PrimFunc) -> bool:
@@ -313,8 +356,6 @@ def _annotated_parallel(func: tirx.PrimFunc) -> bool:
     def _visit(loop: tirx.For) -> None:
         if loop.kind == tirx.ForKind.PARALLEL:
             found.append(True)
-
-    import tvm_ffi
 
     tvm_ffi.structural_walk(func, (tirx.For, _visit), order="post")
     return bool(found)

@@ -27,11 +27,11 @@ def schedule_injective(sch: s_tir.Schedule, host: HostCPU, *, num_threads: int) 
         return False
     blocks = try_inline_all(sch)
     for blk in blocks:
-        _schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+        schedule_spatial_block(sch, blk, host, num_threads=num_threads)
     return True
 
 
-def _schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int) -> None:
+def schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int) -> None:
     loops = sch.get_loops(blk)
     if not loops:
         return
@@ -88,7 +88,7 @@ def schedule_generic_reduction(sch: s_tir.Schedule, host: HostCPU, *, num_thread
     for blk in blocks:
         block = sch.get(blk)
         if is_spatial(block):
-            _schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+            schedule_spatial_block(sch, blk, host, num_threads=num_threads)
             did = True
             continue
         loops = sch.get_loops(blk)

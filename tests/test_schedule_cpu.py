@@ -1,0 +1,262 @@
+"""CPU schedules: each kernel family is scheduled by the intended rule and matches ONNX Runtime;
+host detection maps canned /proc/cpuinfo texts to the right LLVM CPU; approximation errors stay in
+their stated bounds. Speed is measured in benchmarks/schedule_kernels.py, never asserted here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import scipy.special
+import tvm
+from tvm import tirx
+
+from compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
+from compiler.schedule import approx, workloads
+from compiler.schedule.cpu import (
+    SCHEDULE_ATTR,
+    CpuScheduleOptions,
+    describe_module,
+    schedule_cpu_module,
+    schedule_cpu_module_with_report,
+)
+from compiler.schedule.packing import pack_array, panel_index_map
+from compiler.schedule.tir_analysis import calls_in
+
+RTOL = ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def target() -> tvm.target.Target:
+    return host_target()
+
+
+def _ort(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)[0]
+
+
+def _check(model: onnx.ModelProto, target: tvm.target.Target, *, fuse: bool = True, options: CpuScheduleOptions | None = None):  # noqa: ANN202
+    """Import + fuse + schedule + run; assert match with ORT; return (report, scheduled module)."""
+    inputs = workloads.random_inputs(model)
+    mod = workloads.import_and_fuse(model, target, fuse=fuse)
+    with target:
+        sched, report = schedule_cpu_module_with_report(mod, target, options=options or CpuScheduleOptions())
+    _, out = workloads.run_vm(sched, target, inputs)
+    np.testing.assert_allclose(out, _ort(model, inputs), rtol=RTOL, atol=ATOL)
+    return report, sched
+
+
+# --- kernel families --------------------------------------------------------------------------
+
+
+def test_matmul_bias_gelu_packed(target: tvm.target.Target) -> None:
+    report, mod = _check(workloads.mlp_gelu(64, 96, 256), target)
+    assert list(report.scheduled.values()) == ["matmul+packed"]
+    assert report.packed_weights
+    # The packed weight is now a 3-D panel constant: [N / nr, K, nr].
+    shapes = [tuple(int(d) for d in p.shape) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc) for p in f.params]
+    nr = 2 * host_from_target(target).fp32_lanes
+    assert (256 // nr, 96, nr) in shapes
+
+
+def test_matmul_without_packing_and_odd_sizes(target: tvm.target.Target) -> None:
+    # N = 99 splits into no vector panel: no packing, unvectorised columns, still exact.
+    report, _ = _check(workloads.mlp_gelu(30, 50, 99), target)
+    assert list(report.scheduled.values()) == ["matmul"]
+    report, _ = _check(workloads.mlp_gelu(64, 96, 256), target, options=CpuScheduleOptions(pack_weights=False))
+    assert list(report.scheduled.values()) == ["matmul"] and not report.packed_weights
+
+
+def test_bert_layer_batched_matmul_softmax_layernorm(target: tvm.target.Target) -> None:
+    report, _ = _check(workloads.bert_layer(seq=32, hidden=64, heads=2, ffn=128), target)
+    assert not report.left_alone, report.summary()
+    rules = list(report.scheduled.values())
+    assert rules.count("matmul") >= 2  # Q.K^T and P.V: activations, not packed
+    assert "matmul+packed" in rules and "row-reduction" in rules
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(c=16, hw=14, oc=32, k=3),
+        dict(c=16, hw=14, oc=32, k=1),
+        dict(c=8, hw=15, oc=16, k=3, stride=2),
+        dict(c=16, hw=12, oc=16, k=3, group=16),  # depthwise
+    ],
+    ids=["3x3", "1x1", "stride2", "depthwise"],
+)
+def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
+    report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
+    assert any(r.startswith("conv2d") for r in report.scheduled.values()), report.summary()
+    assert not report.left_alone
+
+
+def test_layernorm_and_softmax(target: tvm.target.Target) -> None:
+    for model in (workloads.layernorm(rows=64, hidden=256), workloads.softmax((1, 4, 32, 48))):
+        report, _ = _check(model, target)
+        assert list(report.scheduled.values()) == ["row-reduction"]
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
+def test_resnet_block_every_primfunc_scheduled(target: tvm.target.Target, fuse: bool) -> None:
+    report, mod = _check(workloads.resnet_block(), target, fuse=fuse)
+    assert not report.left_alone, report.summary()
+    assert all(rule != "-" for rule in describe_module(mod).values())
+    rules = set(report.scheduled.values())
+    assert {"conv2d+packed", "injective"} <= rules
+    assert rules & {"reduction", "row-reduction"}  # pooling / global average pool
+
+
+def test_disabled_is_identity_and_switches(target: tvm.target.Target) -> None:
+    mod = workloads.import_and_fuse(workloads.mlp_gelu(16, 32, 64), target)
+    with target:
+        assert schedule_cpu_module(mod, target, enabled=False).same_as(mod)
+        exact = schedule_cpu_module(mod, target, options=CpuScheduleOptions(fast_math=False))
+        fast = schedule_cpu_module(mod, target, options=CpuScheduleOptions(fast_math=True))
+        off = schedule_cpu_module(mod, target, options=CpuScheduleOptions(matmul=False, reduction=False))
+
+    def ops(m: tvm.IRModule) -> set[str]:
+        return {c.op.name for f in m.functions.values() if isinstance(f, tirx.PrimFunc) for c in calls_in(f.body) if hasattr(c.op, "name")}
+
+    assert "tirx.erf" in ops(exact) and "tirx.erf" not in ops(fast)
+    assert set(describe_module(off).values()) == {"-"}
+
+
+def test_env_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUSEGUARD_CPU_SCHEDULE_OFF", "pack_weights,fast_math")
+    opts = CpuScheduleOptions.from_env()
+    assert not opts.pack_weights and not opts.fast_math and opts.matmul
+    monkeypatch.setenv("FUSEGUARD_CPU_SCHEDULE_OFF", "no_such_switch")
+    with pytest.raises(ValueError, match="no_such_switch"):
+        CpuScheduleOptions.from_env()
+
+
+def test_pack_array_matches_index_map() -> None:
+    rng = np.random.default_rng(0)
+    for shape, j_dim, nr in (((6, 32), 1, 16), ((32, 3, 2, 2), 0, 8), ((2, 5, 24), 2, 8)):
+        arr = rng.standard_normal(shape).astype("float32")
+        packed = pack_array(arr, j_dim, nr)
+        imap = panel_index_map(len(shape), j_dim, nr)
+        for idx in np.ndindex(*shape):
+            new_idx = tuple(int(e) for e in imap(*idx))  # the same map, evaluated on ints
+            assert packed[new_idx] == arr[idx]
+
+
+# --- approximations -----------------------------------------------------------------------------
+
+
+def _eval_unary(op_name: str, xs: np.ndarray, target: tvm.target.Target) -> np.ndarray:
+    from tvm import te
+
+    a = te.placeholder((xs.size,), "float32", name="A")
+    fn = {"erf": te.erf, "tanh": te.tanh, "exp": te.exp}[op_name]
+    b = te.compute((xs.size,), lambda i: fn(a[i]), name="B")
+    func = approx.rewrite_fast_math(te.create_prim_func([a, b]))
+    assert all(getattr(c.op, "name", "") != f"tirx.{op_name}" for c in calls_in(func.body))
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    lib["main"](tvm.runtime.tensor(xs), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("op_name", ["erf", "tanh", "exp"])
+def test_approximation_error_bounds(op_name: str, target: tvm.target.Target) -> None:
+    if op_name == "exp":
+        xs = np.linspace(-87.0, 88.0, 200_001, dtype="float32")
+    else:
+        xs = np.linspace(-10.0, 10.0, 200_001, dtype="float32")
+    ref = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp}[op_name](xs.astype(np.float64))
+    got = _eval_unary(op_name, xs, target).astype(np.float64)
+    if op_name == "exp":
+        err = float(np.max(np.abs(got - ref) / ref))
+        assert err <= approx.MAX_REL_ERR["exp"], err
+    else:
+        err = float(np.max(np.abs(got - ref)))
+        assert err <= approx.MAX_ABS_ERR[op_name], err
+    special = np.array([np.nan, np.inf, -np.inf, -200.0, 200.0, 0.0], dtype="float32")
+    got_s = _eval_unary(op_name, special, target)
+    with np.errstate(over="ignore"):
+        want = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp}[op_name](special)
+    np.testing.assert_allclose(got_s, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+# --- host detection -----------------------------------------------------------------------------
+
+ZEN1_EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC 7551 32-Core Processor
+flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2 adx sha_ni
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC 7551 32-Core Processor
+flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2 adx sha_ni
+"""
+
+SKYLAKE_X = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+model name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz
+flags\t\t: fpu sse sse2 avx avx2 fma adx rdseed clflushopt avx512f avx512dq avx512cd avx512bw avx512vl
+"""
+
+ARM_NEOVERSE = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU part\t: 0xd0c
+"""
+
+ZEN4 = ZEN1_EPYC.replace("cpu family\t: 23", "cpu family\t: 25").replace("model\t\t: 1", "model\t\t: 17").replace("sha_ni", "sha_ni avx512f avx512bw")
+UNKNOWN_X86 = "processor\t: 0\nvendor_id\t: HygonGenuine\nflags\t\t: sse2 avx avx2 fma\n"
+OLD_X86 = "processor\t: 0\nvendor_id\t: SomeVendor\nflags\t\t: sse sse2\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "mcpu", "bits", "cores"),
+    [
+        (ZEN1_EPYC, "znver1", 256, 2),
+        (SKYLAKE_X, "skylake-avx512", 512, 1),
+        (ARM_NEOVERSE, "generic", 128, 1),
+        (ZEN4, "znver4", 512, 2),
+        (UNKNOWN_X86, "core-avx2", 256, 1),
+        (OLD_X86, "x86-64", 128, 1),
+    ],
+    ids=["zen1-epyc", "skylake-x", "arm", "zen4", "avx2-unknown-vendor", "sse-only"],
+)
+def test_detect_host_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, text: str, mcpu: str, bits: int, cores: int) -> None:
+    monkeypatch.delenv(MCPU_ENV, raising=False)
+    host = detect_host(text)
+    assert isinstance(host, HostCPU)
+    assert host.mcpu == mcpu and host.vector_bits == bits and host.cores == cores
+    assert mcpu_from_cpuinfo(text)[0] == mcpu
+
+
+def test_mcpu_override_and_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MCPU_ENV, "haswell")
+    assert detect_host(ZEN1_EPYC).mcpu == "haswell"
+    tgt = host_target(num_cores=3)
+    assert tgt.kind.name == "llvm" and str(tgt.attrs["mcpu"]) == "haswell" and int(tgt.attrs["num-cores"]) == 3
+    assert host_from_target(tgt).vector_bits == 256  # haswell: AVX2 regardless of the build host
+    assert str(host_target(mcpu="znver1").attrs["mcpu"]) == "znver1"
+
+
+def test_scheduled_functions_are_marked(target: tvm.target.Target) -> None:
+    mod = workloads.import_and_fuse(workloads.softmax((1, 2, 8, 16)), target)
+    with target:
+        out = schedule_cpu_module(mod, target)
+    funcs = [f for f in out.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert funcs and all(f.attrs[SCHEDULE_ATTR] for f in funcs)
+    with target:  # idempotent: already-scheduled functions are left as they are
+        again, report = schedule_cpu_module_with_report(out, target)
+    assert set(report.left_alone.values()) == {"already scheduled"}
