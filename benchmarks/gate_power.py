@@ -45,7 +45,7 @@ from verify.timing import measure_interleaved  # noqa: E402
 
 LEVELS = (0.05, 0.10, 0.20, 0.50)
 K = 20  # session runs per call of the original: 21, 22, 24, 30 give exactly +5/10/20/50% work
-BATCH, WIDTH, LAYERS = 32, 256, 3
+BATCH, WIDTH, LAYERS = 32, 128, 3
 THREADS = 1
 
 
@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cpu-bench-2c.json"
-        key = make_key("mlp3x256", {"x": [BATCH, WIDTH]}, "fused")
+        key = make_key(f"mlp{LAYERS}x{WIDTH}", {"x": [BATCH, WIDTH]}, "fused")
         base_run = measure_interleaved({"candidate": variants[0.0], "reference": reference}, warmup=5,
                                        repeats=args.baseline_repeats, min_time_s=0.0, threads=THREADS)
         meta = Metadata.collect(f"{os.cpu_count()}-CPU host", threads=THREADS, reference_kind="onnxruntime")

@@ -40,11 +40,34 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         self._node_index = node_index
 
     def _convert_operator(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
-        sym = super()._convert_operator(op_name, inputs, attrs, opset)
+        # The stock method normalises the converter's result, which binds multi-output ops (BatchNorm's
+        # tuple) to anonymous vars; tag first, then normalise (same converter lookup as the original).
+        convert_map = _frontend._get_convert_map()
+        if op_name not in convert_map:
+            raise UnsupportedOperatorError(f"unsupported operator {op_name}")
+        op_function = convert_map[op_name].get_converter(opset)
+        sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
         index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
-        if index is not None and isinstance(sym, relax.Call) and isinstance(sym.op, tvm.ir.Op):
-            sym = self.bb.emit(sym, f"n{index}_{op_name}")
-        return sym
+        if index is not None and isinstance(sym, relax.Expr):
+            sym = self._tag(sym, f"n{index}_{op_name}", [])
+        return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+
+    def _tag(self, expr: relax.Expr, name: str, done: list[tuple[relax.Expr, relax.Var]]) -> relax.Expr:
+        """Bind operator calls (and tuple items of multi-output ops) to vars carrying the node tag."""
+        for seen, var in done:
+            if seen.same_as(expr):
+                return var
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            var = self.bb.emit(expr, name)
+        elif isinstance(expr, relax.TupleGetItem) and isinstance(expr.tuple_value, (relax.Call, relax.TupleGetItem)):
+            inner = self._tag(expr.tuple_value, name, done)
+            var = self.bb.emit(relax.TupleGetItem(inner, expr.index), name)
+        elif isinstance(expr, relax.Tuple):
+            return relax.Tuple([self._tag(f, name, done) for f in expr.fields])
+        else:
+            return expr
+        done.append((expr, var))
+        return var
 
 
 def supported_ops() -> set[str]:

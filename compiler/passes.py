@@ -5,52 +5,81 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.dpl import TupleGetItemPattern, is_const, is_op, rewrite_call, wildcard
 
 
-def _np(const: relax.Constant) -> np.ndarray:
+def _np(const: relax.Expr) -> np.ndarray:
     return const.value.numpy()
 
 
-@relax.transform.function_pass(opt_level=0, name="FoldBatchNorm")
-class FoldBatchNorm:
-    """Fold inference BatchNorm into the preceding Conv2d's weights and bias.
+def _is_const(expr: relax.Expr) -> bool:
+    return hasattr(expr, "value") and isinstance(expr, relax.Expr) and not isinstance(expr, relax.Var) \
+        and hasattr(expr.value, "numpy")
 
-    TVM's FoldBatchnormToConv2D only matches a conv feeding batch_norm directly; ONNX convs with a bias
-    import as conv2d + add, so that case is folded here too (W' = W*s, b' = (b - mean)*s + beta).
+
+@relax.expr_functor.mutator
+class _BatchNormFolder(relax.PyExprMutator):
+    """Rewrites `conv2d(x, W) [+ b] -> batch_norm -> [0]` into `conv2d(x, W*s) + ((b - mean)*s + beta)`.
+
+    A binding-level mutator rather than a pattern rewrite so the new bindings keep the provenance names
+    of the nodes they replace (the conv keeps the Conv's, the bias add takes the BatchNorm's).
     """
 
-    def __init__(self) -> None:
-        self.data = wildcard()
-        self.weight = is_const()
-        self.conv = is_op("relax.nn.conv2d")(self.data, self.weight)
-        self.bias = is_const()
-        pre = self.conv | is_op("relax.add")(self.conv, self.bias)
-        self.gamma, self.beta, self.mean, self.var = is_const(), is_const(), is_const(), is_const()
-        self.bn = is_op("relax.nn.batch_norm")(pre, self.gamma, self.beta, self.mean, self.var)
-        self.pattern = TupleGetItemPattern(self.bn, 0)
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.values: dict[relax.Var, relax.Expr] = {}
 
-    def transform_function(self, func: relax.Function, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> relax.Function:
-        if func.attrs is not None and "Primitive" in func.attrs:
-            return func
+    def _lookup(self, expr: relax.Expr) -> relax.Expr | None:
+        return self.values.get(expr) if isinstance(expr, relax.Var) else None
 
-        def rewriter(expr: relax.Expr, matches: dict) -> relax.Expr:
-            conv = matches[self.conv]
-            bn = matches[self.bn]
-            attrs = conv.attrs
-            if attrs.kernel_layout != "OIHW" or attrs.data_layout != "NCHW" or int(bn.attrs.axis) != 1:
-                return expr
-            w = _np(matches[self.weight])
-            gamma, beta = _np(matches[self.gamma]), _np(matches[self.beta])
-            mean, var = _np(matches[self.mean]), _np(matches[self.var])
-            eps = float(bn.attrs.epsilon)
-            scale = gamma / np.sqrt(var + eps)
-            bias = _np(matches[self.bias]).reshape(-1) if self.bias in matches else np.zeros_like(mean)
-            if bias.shape != mean.shape:
-                return expr
-            new_w = (w * scale.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-            new_b = ((bias - mean) * scale + beta).astype(w.dtype).reshape(1, -1, 1, 1)
-            new_conv = relax.Call(conv.op, [matches[self.data], relax.const(new_w)], attrs)
-            return relax.op.add(new_conv, relax.const(new_b))
+    def _match(self, item: relax.Expr):
+        if not (isinstance(item, relax.TupleGetItem) and item.index == 0):
+            return None
+        bn = self._lookup(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else item.tuple_value
+        if not (isinstance(bn, relax.Call) and isinstance(bn.op, tvm.ir.Op) and bn.op.name == "relax.nn.batch_norm"):
+            return None
+        if int(bn.attrs.axis) != 1 or not all(_is_const(a) for a in bn.args[1:5]):
+            return None
+        pre_var = bn.args[0]
+        pre = self._lookup(pre_var)
+        bias = None
+        conv_var = pre_var
+        if isinstance(pre, relax.Call) and pre.op.name == "relax.add" and _is_const(pre.args[1]):
+            bias, conv_var = pre.args[1], pre.args[0]
+            pre = self._lookup(conv_var)
+        if not (isinstance(pre, relax.Call) and isinstance(pre.op, tvm.ir.Op) and pre.op.name == "relax.nn.conv2d"):
+            return None
+        if pre.attrs.kernel_layout != "OIHW" or pre.attrs.data_layout != "NCHW" or not _is_const(pre.args[1]):
+            return None
+        return bn, pre, conv_var, bias
 
-        return rewrite_call(self.pattern, rewriter, func)
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.values[binding.var] = binding.value
+        found = self._match(binding.value)
+        if found is None:
+            super().visit_var_binding_(binding)
+            return
+        bn, conv, conv_var, bias = found
+        w = _np(conv.args[1])
+        gamma, beta, mean, var = (_np(a) for a in bn.args[1:5])
+        scale = gamma / np.sqrt(var + float(bn.attrs.epsilon))
+        b = _np(bias).reshape(-1) if bias is not None else np.zeros_like(mean)
+        if b.shape != mean.shape or w.shape[0] != mean.shape[0]:
+            super().visit_var_binding_(binding)
+            return
+        new_w = (w * scale.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+        new_b = ((b - mean) * scale + beta).astype(w.dtype).reshape(1, -1, *([1] * (w.ndim - 2)))
+        data = self.visit_expr(conv.args[0])
+        new_conv = self.builder_.emit(relax.Call(conv.op, [data, relax.const(new_w)], conv.attrs),
+                                      conv_var.name)
+        folded = self.builder_.emit(relax.op.add(new_conv, relax.const(new_b)), binding.var.name)
+        self.set_var_remap(binding.var, folded)
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldBatchNorm")
+def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Fold inference BatchNorm into the preceding Conv2d (with or without bias); DCE removes the originals."""
+    folder = _BatchNormFolder(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            folder.builder_.update_func(gv, folder.visit_expr(func))
+    return folder.builder_.get()

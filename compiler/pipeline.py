@@ -238,7 +238,7 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
     T = relax.transform
     mod = stage("fold_constant", [T.FoldConstant()], mod)
     if options.bn_folding:
-        mod = stage("bn_folding", [FoldBatchNorm(), T.FoldConstant()], mod)
+        mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)
     if options.dce:
         mod = stage("dce", [T.CanonicalizeBindings(), T.DeadCodeElimination(["main"]), T.FoldConstant()], mod)

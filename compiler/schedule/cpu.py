@@ -211,7 +211,7 @@ def _try_matmul(
     info = infos[0]
     pack = None
     if opts.pack_weights:
-        nr = choose_tiles(info, host, pack=True).nr
+        nr = choose_tiles(info, host).nr
         pack = _pack_plan(func, info.b_buffer, info.b_indices.index(info.j_iter), nr, info.n, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
 from .packing import pack_param_layout
-from .tir_analysis import REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, root_blocks, simple_index_vars, try_inline_all
+from .tir_analysis import REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,11 @@ def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV) -> MatmulInfo | None:
 
 @dataclass(frozen=True)
 class MatmulTiles:
-    mr: int
-    nr: int
-    kc: int | None  # K block kept in cache; None: no K blocking
+    mr: int  # unrolled output rows
+    nr: int  # vectorised output columns (a multiple of the SIMD width when N allows)
 
 
-def choose_tiles(info: MatmulInfo, host: HostCPU, *, pack: bool) -> MatmulTiles:
+def choose_tiles(info: MatmulInfo, host: HostCPU) -> MatmulTiles:
     """Register tile from the vector ISA: accumulators use about half the registers.
 
     Measured on Zen 4 (AVX-512, 32 registers) and Zen 1 (AVX2, 16): 4x(2*lanes) was the best
@@ -128,8 +127,7 @@ def choose_tiles(info: MatmulInfo, host: HostCPU, *, pack: bool) -> MatmulTiles:
             break
     else:
         mr = mr_pref if m is None else 1
-    kc = None
-    return MatmulTiles(mr=mr, nr=nr, kc=kc)
+    return MatmulTiles(mr=mr, nr=nr)
 
 
 def _divisible(extent: int | None, factor: int) -> bool:
@@ -146,7 +144,7 @@ def schedule_matmul(
     parallel: bool = True,
 ) -> bool:
     """Apply the register-tiled schedule; ``pack_b`` also rewrites B's parameter layout to panels."""
-    tiles = tiles or choose_tiles(info, host, pack=pack_b)
+    tiles = tiles or choose_tiles(info, host)
     mm = info.block
     name = sch.get(mm).name_hint
     # Inline producers (transposes, pads) and the elementwise chain after the matmul; keep the matmul.
@@ -171,15 +169,9 @@ def schedule_matmul(
     nr = tiles.nr
     io, ii = sch.split(li, [None, mr])
     jo, ji = sch.split(lj, [None, nr])
-    order: list[LoopRV] = [*batch, jo, io]
-    if tiles.kc is not None and info.k is not None and info.k > tiles.kc:
-        ko, ki = sch.split(lk, [None, tiles.kc])
-        order = [*batch, ko, jo, io, ki]  # unused by default: K blocking did not pay off measured
-        sch.reorder(*order, ii, ji)
-        k_loop = ki
-    else:
-        sch.reorder(*order, lk, ii, ji)
-        k_loop = lk
+    # K blocking (ko outside the tile loops) was measured: no gain at BERT/MLP sizes, so none.
+    sch.reorder(*batch, jo, io, lk, ii, ji)
+    k_loop = lk
     sch.reverse_compute_at(epilogue, io, preserve_unit_loops=True)
     if pack_b:
         pack_param_layout(sch, mm, info.b_buffer, info.b_indices.index(info.j_iter), nr)

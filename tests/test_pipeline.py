@@ -1,0 +1,141 @@
+"""The compiler pipeline: fusion happens, can be switched off, is explained, and compiles for CUDA on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler import patterns
+from compiler.errors import UsageError
+from compiler.pipeline import CompileOptions, compile_model, register_pass, unregister_pass
+from suites.models import get_model
+from verify.core import run_onnxruntime
+from verify.inputs import make_inputs
+
+NO_SCHED = CompileOptions(schedule=False)
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+    m = get_model("resnet50")
+    return m.make(dict(m.default_dims), seed=0)
+
+
+@pytest.fixture(scope="module")
+def resnet_builds(resnet50):
+    fused = compile_model(resnet50, options=NO_SCHED)
+    unfused = compile_model(resnet50, options=NO_SCHED.unfused())
+    return fused, unfused
+
+
+def test_resnet50_fused_has_far_fewer_kernels(resnet_builds) -> None:
+    fused, unfused = resnet_builds
+    # Conv-BN-ReLU groups alone remove two kernels each from the ~170 of the unfused build.
+    assert fused.report.kernels * 2 <= unfused.report.kernels, (fused.report.kernels, unfused.report.kernels)
+    assert not unfused.report.groups
+    conv_groups = [g for g in fused.report.groups if g.pattern == "conv2d_bias_act"]
+    assert len(conv_groups) >= 30
+    assert all(g.ops[0] == "conv2d" for g in conv_groups)
+    # Provenance: the groups name the ONNX Conv/BatchNormalization/Relu nodes they came from.
+    node_ops = {n.name: n.op_type for n in get_model("resnet50").make({}, seed=0).graph.node}
+    named = [g for g in conv_groups if g.onnx_nodes]
+    assert len(named) == len(conv_groups)
+    assert {node_ops[n] for g in named for n in g.onnx_nodes} >= {"Conv", "BatchNormalization", "Relu"}
+
+
+def test_every_decision_has_a_reason(resnet_builds) -> None:
+    fused, _ = resnet_builds
+    assert fused.report.decisions
+    for d in fused.report.decisions:
+        assert d.reason
+        if d.fused:
+            assert d.bytes_saved > 0 and "saves" in d.reason
+
+
+def test_disable_one_pattern(resnet50) -> None:
+    build = compile_model(resnet50, options=CompileOptions(schedule=False,
+                                                           disabled_patterns=frozenset({"conv2d_bias_act"})))
+    assert build.report.count("conv2d_bias_act") == 0
+    rejected = [d for d in build.report.decisions if d.pattern == "conv2d_bias_act"]
+    assert rejected and all(not d.fused and "disabled" in d.reason for d in rejected)
+
+
+def test_unknown_pattern_is_a_usage_error(resnet50) -> None:
+    with pytest.raises(UsageError, match="unknown pattern"):
+        compile_model(resnet50, options=CompileOptions(disabled_patterns=frozenset({"no_such_rule"})))
+
+
+def test_narrow_conv_not_fused_with_reason() -> None:
+    m = get_model("pattern_conv_narrow")
+    build = compile_model(m.make({}, seed=0), options=NO_SCHED)
+    narrow = [d for d in build.report.decisions if not d.fused]
+    assert narrow and "output channels (< 16)" in narrow[0].reason
+
+
+def test_matmul_gelu_pattern_matches_erf_and_tanh_forms() -> None:
+    for name in ("mlp_gelu", "mlp_gelu_tanh", "pattern_gemm_gelu"):
+        m = get_model(name)
+        build = compile_model(m.make({}, seed=0), options=NO_SCHED)
+        assert build.report.count("matmul_bias_gelu") >= 1, (name, [g.ops for g in build.report.groups])
+
+
+def test_fused_matches_onnxruntime() -> None:
+    m = get_model("conv_bn_relu")
+    model = m.make({}, seed=1)
+    build = compile_model(model, options=NO_SCHED)
+    from compiler.onnx_loader import load
+
+    loaded = load(model)
+    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=1)
+    ref = run_onnxruntime(loaded.model, inputs)
+    out = build.run(inputs)
+    for got, want in zip(out, ref.values()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_user_pass_runs_at_its_stage() -> None:
+    seen: list[int] = []
+
+    def count_functions(mod):
+        seen.append(len(mod.functions))
+        return mod
+
+    register_pass("after_fusion", count_functions, name="count_functions")
+    try:
+        compile_model(get_model("conv_bn_relu").make({}, seed=0), options=NO_SCHED)
+    finally:
+        unregister_pass("after_fusion", "count_functions")
+    assert seen and seen[0] >= 2          # main plus at least one fused composite function
+
+
+def test_user_pattern_registration() -> None:
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    def variants():
+        mm = is_op("relax.matmul")(wildcard(), is_const())
+        root = is_op("relax.add")(mm, is_const())
+        return [("matmul_add", root, {"root": root})]
+
+    patterns.register_pattern(patterns.PatternRule(name="test_matmul_add", description="test", variants=variants),
+                              before="conv2d_bias_act")
+    try:
+        build = compile_model(get_model("mlp_gelu").make({}, seed=0),
+                              options=CompileOptions(schedule=False, disabled_patterns=frozenset({"matmul_bias_gelu"})))
+        assert build.report.count("test_matmul_add") >= 1
+    finally:
+        patterns.unregister_pattern("test_matmul_add")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_codegen_without_gpu(arch: str) -> None:
+    """TVM emits CUDA source without a GPU: every kernel is there, with real thread bindings."""
+    build = compile_model(get_model("mlp_gelu").make({}, seed=0), options=CompileOptions(gpu_arch=arch))
+    source = build.cuda_source()
+    assert "__global__" in source
+    assert "threadIdx." in source and "blockIdx." in source
+    assert build.report.count("matmul_bias_gelu") >= 1
+
+
+def test_bad_gpu_arch() -> None:
+    with pytest.raises(UsageError, match="sm_XX"):
+        compile_model(get_model("mlp_gelu").make({}, seed=0), options=CompileOptions(gpu_arch="ampere"))
