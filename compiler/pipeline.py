@@ -275,6 +275,7 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
     finalize += [T.LowerAllocTensor(), T.KillAfterLastUse(), T.LowerRuntimeBuiltin(), T.ComputePrimValue(),
                  T.VMShapeLower(), T.AttachGlobalSymbol()]
     rep.kernels = report.count_kernels(mod)
+    rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
     mod = stage("memory_plan", finalize, mod)
     rep.compile_s = time.perf_counter() - t0
     return mod, rep

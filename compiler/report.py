@@ -35,6 +35,8 @@ class FusionReport:
     groups: list[FusedGroup] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     kernels: int = 0              # call_tir sites in the final module: what actually runs
+    traffic_bytes: int = 0        # bytes every kernel reads and writes, summed (global-memory traffic)
+    min_traffic_bytes: int = 0    # model inputs + weights + outputs, each touched once
     ops_before_fusion: int = 0    # Relax operator calls after legalisation, before any fusion
     compile_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
@@ -51,6 +53,7 @@ class FusionReport:
             "model": self.model, "target": self.target, "fusion": self.fusion,
             "disabled_patterns": list(self.disabled_patterns), "kernels": self.kernels,
             "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
+            "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s),
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
@@ -122,6 +125,49 @@ def count_kernels(mod: tvm.IRModule) -> int:
         if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
             relax.analysis.post_order_visit(func.body, visit)
     return count
+
+
+def _bytes(ty: object) -> int:
+    if isinstance(ty, relax.TensorType) and ty.shape is not None:
+        try:
+            dims = [int(d) for d in ty.shape.values]
+        except (TypeError, AttributeError):
+            return 0
+        n = 1
+        for d in dims:
+            n *= d
+        return n * max(1, tvm.runtime.DataType(ty.dtype).bits // 8)
+    if isinstance(ty, relax.TupleType):
+        return sum(_bytes(f) for f in ty.fields)
+    return 0
+
+
+def memory_traffic(mod: tvm.IRModule) -> tuple[int, int]:
+    """(bytes read + written by all kernels, minimum: inputs + weights + outputs once each).
+
+    Counted at kernel boundaries on the module handed to codegen: each call_tir reads its arguments and
+    writes its output once. Traffic inside a kernel (cache re-reads) is not global-memory traffic.
+    """
+    main = mod["main"]
+    total = 0
+    weights: list[tuple[relax.Expr, int]] = []
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal total
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in (
+                "relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed"):
+            args = expr.args[1]
+            fields = args.fields if isinstance(args, relax.Tuple) else [args]
+            for arg in fields:
+                total += _bytes(arg.ty)
+                if not isinstance(arg, relax.Var) and not any(w.same_as(arg) for w, _ in weights):
+                    weights.append((arg, _bytes(arg.ty)))
+            total += _bytes(expr.ty)
+
+    relax.analysis.post_order_visit(main.body, visit)
+    ins = sum(_bytes(p.ty) for p in main.params)
+    outs = _bytes(main.body.body.ty) if isinstance(main.body, relax.SeqExpr) else 0
+    return total, ins + sum(n for _, n in weights) + outs
 
 
 def count_ops(mod: tvm.IRModule) -> int:
