@@ -21,7 +21,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel
 
-_TAG = re.compile(r"^n(\d+)(?:_|$)")
+_TAG = re.compile(r"^n(\d+(?:\+\d+)*)(?:_|$)")
 
 
 @dataclass
@@ -158,5 +158,5 @@ def _one_line(err: BaseException) -> str:
 
 def provenance_of(var_names: list[str], result: ImportResult) -> list[str]:
     """ONNX node names for a list of Relax var names (tags `n<index>_...`), in graph order."""
-    indices = sorted({int(m.group(1)) for v in var_names if (m := _TAG.match(v))})
+    indices = sorted({int(i) for v in var_names if (m := _TAG.match(v)) for i in m.group(1).split("+")})
     return [result.node_names[i] for i in indices if i < len(result.node_names)]

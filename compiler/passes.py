@@ -83,3 +83,93 @@ def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRMo
         if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
             folder.builder_.update_func(gv, folder.visit_expr(func))
     return folder.builder_.get()
+
+
+# ------------------------------------------------------------------------ recognising decomposed ops
+
+def merged_tag(names: list[str], op: str) -> str:
+    """A provenance tag naming every ONNX node a rewritten binding stands for: `n1+2+9_LayerNorm`."""
+    import re
+
+    indices = sorted({int(i) for n in names if (m := re.match(r"^n(\d+(?:\+\d+)*)_", n))
+                      for i in m.group(1).split("+")})
+    return f"n{'+'.join(map(str, indices))}_{op}" if indices else op
+
+
+@relax.expr_functor.mutator
+class _Recognizer(relax.PyExprMutator):
+    """Replace every binding matching `pattern` by `rewrite(matches)`; the new var carries a merged tag."""
+
+    def __init__(self, mod: tvm.IRModule, pattern, rewrite, label: str) -> None:
+        super().__init__(mod)
+        self.pattern, self.rewrite, self.label = pattern, rewrite, label
+        self.var2val: dict[relax.Var, relax.Expr] = {}
+        self.val2var: dict[relax.Expr, relax.Var] = {}
+        self.rewritten: list[list[str]] = []
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.var2val[binding.var] = binding.value
+        self.val2var[binding.value] = binding.var
+        matches = self.pattern.extract_matched_expr(binding.value, self.var2val)
+        new = self.rewrite(matches) if matches else None
+        if new is None:
+            super().visit_var_binding_(binding)
+            return
+        names = sorted({self.val2var[e].name for e in matches.values() if e in self.val2var} | {binding.var.name})
+        new = relax.expr_functor.PyExprMutator.visit_expr(self, new)
+        var = self.builder_.emit(new, merged_tag(names, self.label))
+        self.rewritten.append(names)
+        self.set_var_remap(binding.var, var)
+
+
+def recognize(mod: tvm.IRModule, pattern, rewrite, label: str) -> tuple[tvm.IRModule, list[list[str]]]:
+    rec = _Recognizer(mod, pattern, rewrite, label)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            rec.builder_.update_func(gv, rec.visit_expr(func))
+    return rec.builder_.get(), rec.rewritten
+
+
+def _layernorm_pattern():
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    x = wildcard()
+    mean = is_op("relax.mean")(x)
+    centred = is_op("relax.subtract")(x, mean)
+    square = is_op("relax.power")(centred, is_const()) | is_op("relax.multiply")(centred, centred)
+    var = is_op("relax.mean")(square)
+    eps = is_const()
+    std = is_op("relax.sqrt")(is_op("relax.add")(var, eps))
+    normed = is_op("relax.divide")(centred, std)
+    gamma, beta = is_const(), is_const()
+    out = is_op("relax.add")(is_op("relax.multiply")(normed, gamma), beta)
+    return out, dict(x=x, mean=mean, var=var, square=square, eps=eps, gamma=gamma, beta=beta)
+
+
+def recognize_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
+    """ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (what exporters emit) -> one layer_norm op.
+
+    Only rewrites the exact semantics: both means over the last axis with keepdims, power 2, and
+    per-channel gamma/beta over that axis.
+    """
+    out, parts = _layernorm_pattern()
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        x = m[parts["x"]]
+        ndim = len(x.ty.shape.values) if isinstance(x.ty, relax.TensorType) and x.ty.shape is not None else -1
+        for key in ("mean", "var"):
+            call = m[parts[key]]
+            axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
+            if not call.attrs.keepdims or [a % ndim for a in axes] != [ndim - 1]:
+                return None
+        sq = m[parts["square"]]
+        if sq.op.name == "relax.power" and float(np.asarray(_np(sq.args[1]))) != 2.0:
+            return None
+        gamma, beta, eps = _np(m[parts["gamma"]]), _np(m[parts["beta"]]), _np(m[parts["eps"]])
+        channels = int(x.ty.shape.values[-1])
+        if eps.size != 1 or gamma.size != channels or beta.size != channels:
+            return None
+        return relax.op.nn.layer_norm(x, relax.const(gamma.reshape(channels)), relax.const(beta.reshape(channels)),
+                                      axes=[-1], epsilon=float(eps.reshape(())))
+
+    return recognize(mod, out, rewrite, "LayerNormalization")

@@ -84,8 +84,11 @@ class PatternRule:
     check: CheckFn | None = None
     cost: CostFn | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
-    #: Optional replacement: given the matched group's Relax function, return a new one (e.g. a
-    #: hand-written kernel). Applied after fusion; None keeps TVM's generated kernel.
+    #: Optional rewrite run before matching while the rule is enabled (e.g. recognising a decomposed
+    #: LayerNorm as one op): IRModule -> (IRModule, names of the bindings each rewrite consumed).
+    prepare: Callable[[tvm.IRModule], tuple[tvm.IRModule, list[list[str]]]] | None = None
+    #: Optional replacement kernel: (composite Relax function, TargetSpec) -> new function or None.
+    #: Applied right after fusion; None keeps TVM's generated kernel for the group.
     replacement: Callable[..., object] | None = None
 
 
@@ -116,6 +119,13 @@ def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
     launches = max(0, len(match.ops) - 1)
     us = saved / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us
     return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us)
+
+
+def merged_nodes(var: relax.Var | None) -> int:
+    """How many ONNX nodes a binding stands for (a recognised `n1+2+3_Op` tag counts each)."""
+    if var is None or not var.name.startswith("n") or "_" not in var.name:
+        return 1
+    return var.name[1:].split("_", 1)[0].count("+") + 1
 
 
 def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
@@ -206,6 +216,110 @@ def _matmul_gelu_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]
     return variants
 
 
+# --------------------------------------------------------------------------- LayerNorm
+
+def _layernorm_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    variants = []
+    for label, with_bias, with_residual in (("bias_residual_layernorm", True, True),
+                                            ("residual_layernorm", False, True),
+                                            ("layernorm", False, False)):
+        x: DFPattern = wildcard()
+        ann: dict[str, DFPattern] = {}
+        if with_bias:
+            bias = is_const()
+            x = _commutative("relax.add", x, bias)
+            ann["bias"] = bias
+        if with_residual:
+            x = _commutative("relax.add", x, wildcard())
+        root = is_op("relax.nn.layer_norm")(x, is_const(), is_const())
+        ann["root"] = ann["layer_norm"] = root
+        variants.append((label, root, ann))
+    return variants
+
+
+def _layernorm_check(match: Match, hw: Hardware) -> str | None:
+    if match.variant == "layernorm" and merged_nodes(match.output_var()) < 2:
+        return "a lone LayerNormalization op is already one kernel: nothing to fuse"
+    return None
+
+
+def _layernorm_cost(match: Match, hw: Hardware) -> CostEstimate:
+    base = intermediate_traffic_cost(match, hw)
+    merged = merged_nodes(match.output_var())
+    if merged < 2:
+        return base
+    # A recognised decomposition: 9 elementwise/reduction kernels become one; each wrote and re-read a
+    # tensor the size of the input (the two means are 1/C of that and are ignored).
+    nbytes = tensor_bytes(match.output_var())
+    extra = (merged - 1) * 2 * nbytes
+    launches = base.launches_saved + merged - 1
+    return CostEstimate(base.bytes_saved + extra, launches,
+                        (base.bytes_saved + extra) / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us)
+
+
+def _prepare_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
+    from .passes import recognize_layernorm
+
+    return recognize_layernorm(mod)
+
+
+# --------------------------------------------------------------------------- Softmax
+
+def _scaled(x: DFPattern) -> DFPattern:
+    return _commutative("relax.multiply", x, is_const()) | is_op("relax.divide")(x, is_const())
+
+
+def _softmax_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    variants = []
+    for label in ("scale_mask_softmax", "mask_softmax", "scale_softmax"):
+        x: DFPattern = wildcard()
+        if label.startswith("scale"):
+            x = _scaled(x)
+        if "mask" in label:
+            x = _commutative("relax.add", x, wildcard())
+        root = is_op("relax.nn.softmax")(x)
+        variants.append((label, root, {"root": root, "softmax": root}))
+    return variants
+
+
+# --------------------------------------------------------------------------- attention
+
+def _attention_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    variants = []
+    for masked in (True, False):
+        q, kt, v = wildcard(), wildcard(), wildcard()
+        scores = is_op("relax.matmul")(q, kt)
+        scaled = _scaled(scores)
+        ann = {"q": q, "kt": kt, "v": v, "scores": scores, "scaled": scaled}
+        x = scaled
+        if masked:
+            mask = wildcard()
+            x = _commutative("relax.add", scaled, mask)
+            ann["mask"] = mask
+        probs = is_op("relax.nn.softmax")(x)
+        root = is_op("relax.matmul")(probs, v)
+        ann["softmax"], ann["root"] = probs, root
+        variants.append(("attention_masked" if masked else "attention", root, ann))
+    return variants
+
+
+def _attention_check(match: Match, hw: Hardware) -> str | None:
+    scores = match.annotated["scores"]
+    shape = [int(d) for d in scores.ty.shape.values]
+    if len(shape) != 4:
+        return f"scores of rank {len(shape)} (need [batch, heads, seq_q, seq_k])"
+    softmax = match.annotated["softmax"]
+    axis = int(softmax.attrs.axis)
+    if axis not in (-1, 3):
+        return f"softmax over axis {axis}, not the key axis"
+    return None
+
+
+def _attention_cost(match: Match, hw: Hardware) -> CostEstimate:
+    base = intermediate_traffic_cost(match, hw)
+    return base
+
+
 # --------------------------------------------------------------------------- the table
 
 PATTERNS: dict[str, PatternRule] = {}
@@ -242,6 +356,15 @@ def rules(enabled: Iterable[str] | None = None) -> list[PatternRule]:
 
 
 register_pattern(PatternRule(
+    name="attention",
+    description="MatMul(Q, K^T) -> scale -> (+mask) -> Softmax -> MatMul(V) as one kernel",
+    variants=_attention_variants,
+    check=_attention_check,
+    cost=_attention_cost,
+    tags=("attention",),
+))
+
+register_pattern(PatternRule(
     name="conv2d_bias_act",
     description="Conv2d (+bias, +folded BatchNorm) (+residual add) + ReLU/SiLU/LeakyReLU/Sigmoid in one kernel",
     variants=_conv_variants,
@@ -256,4 +379,22 @@ register_pattern(PatternRule(
     variants=_matmul_gelu_variants,
     cost=intermediate_traffic_cost,
     tags=("matmul_bias_gelu",),
+))
+
+register_pattern(PatternRule(
+    name="layernorm",
+    description="(bias +) residual add + LayerNorm in one kernel; decomposed LayerNorm recognised as one op",
+    variants=_layernorm_variants,
+    check=_layernorm_check,
+    cost=_layernorm_cost,
+    prepare=_prepare_layernorm,
+    tags=("layernorm",),
+))
+
+register_pattern(PatternRule(
+    name="softmax",
+    description="(scale *) (+ mask) Softmax as one row-reduction kernel (max, exp, sum, divide)",
+    variants=_softmax_variants,
+    cost=intermediate_traffic_cost,
+    tags=("softmax",),
 ))

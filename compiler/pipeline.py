@@ -246,6 +246,11 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
 
     decisions: list[cost.Decision] = []
     if options.fusion:
+        for rule in patterns.rules():
+            if rule.prepare is not None and rule.name not in options.disabled_patterns:
+                start = time.perf_counter()
+                mod, _ = rule.prepare(mod)
+                rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
         fusion_patterns = _fusion_patterns(options, hw, decisions)
         mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
                                                           annotate_codegen=False)], mod)
