@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -268,9 +269,11 @@ def benchmark_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("bench")
     (folder / "test_bench_tiny.py").write_text(_BENCH_TEST)
     out = folder / "out.json"
+    # An xdist worker's PYTEST_XDIST_WORKER would make pytest-benchmark disable itself in the child.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                            "--rootdir", str(folder), str(folder / "test_bench_tiny.py"), f"--benchmark-json={out}"],
-                          cwd=folder, capture_output=True, text=True, timeout=120)
+                          cwd=folder, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,8 +56,8 @@ def sampler(slowdown: float, seed: int = 2, sigma: float = 0.03) -> tuple[Callab
 def test_a_20_percent_slowdown_is_slower_and_renders_one_line() -> None:
     result = compare("resnet50", candidate(1.20), baseline())
     assert result.verdict is Verdict.SLOWER and result.regressed
-    assert result.ratio == pytest.approx(1.2, abs=0.03)
-    assert result.ci is not None and result.ci[0] < result.ratio < result.ci[1]
+    assert result.ci is not None and result.ci[0] < 1.2 < result.ci[1]
+    assert result.ci[0] < result.ratio < result.ci[1]
     assert result.p_value is not None and result.p_value < 0.01
     assert re.fullmatch(r"resnet50: slower 1\.\d\dx \(95% CI 1\.\d\d-1\.\d\d, p=\d(\.\d+)?e-\d+, n=15 vs 30\)",
                         str(result)), str(result)
@@ -158,7 +159,7 @@ def test_a_slower_host_is_cancelled_by_the_same_run_reference() -> None:
     assert compare("m", host_slow, baseline()).verdict is Verdict.SAME
     raw = Measurement(host_slow.samples_ms)
     result = compare("m", raw, baseline())
-    assert result.verdict is Verdict.SLOWER and str(result).endswith("[raw]")
+    assert result.verdict is Verdict.SLOWER and "[raw]; this run measured no reference" in str(result)
 
 
 def test_a_different_reference_kind_is_compared_raw_and_says_so() -> None:
@@ -166,7 +167,7 @@ def test_a_different_reference_kind_is_compared_raw_and_says_so() -> None:
     other = Measurement(run.samples_ms, run.reference_ms, "calibration")
     result = compare("m", other, baseline())
     assert not result.normalised
-    assert "references differ (calibration vs onnxruntime)" in result.note
+    assert "references differ (calibration now vs onnxruntime in the baseline)" in result.note
 
 
 def test_baselines_without_reference_samples_still_normalise() -> None:
@@ -188,7 +189,7 @@ def test_no_reference_anywhere_compares_raw() -> None:
 
 def test_per_model_overrides_of_factor_and_budget() -> None:
     gate = Gate.from_config({"resnet50": {"factor": 1.3}, "bert|ids=1x128|fused": {"max_samples": 20}})
-    base = BaselineFile(path=__import__("pathlib").Path("sm_80.json"), arch="sm_80",
+    base = BaselineFile(path=Path("sm_80.json"), arch="sm_80",
                         entries={"resnet50|data=1x3x224x224|fused": baseline(),
                                  "vgg|data=1x3x224x224|fused": baseline()})
     assert gate.check("resnet50|data=1x3x224x224|fused", candidate(1.2), base).verdict is Verdict.SAME
@@ -258,18 +259,7 @@ def test_interleaving_alternates_direction_each_round(monkeypatch: pytest.Monkey
 
 
 def test_preempted_samples_are_retried_until_enough_are_clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    switches = iter([0, 0, 0, 1, 1, 1] + [1] * 2 + [1, 1] * 200)  # sample 1 clean, sample 2 preempted, ...
-    counter = {"n": 0}
-
-    def fake() -> int:
-        counter["n"] += next(switches) if counter["n"] < 10_000 else 0
-        return counter["n"]
-
     pattern = iter([False, True] * 100)  # every other sample is preempted
-
-    def alternating() -> int:
-        return counter.setdefault("c", 0)
-
     state = {"count": 0, "calls": 0}
 
     def preemptions() -> int:
@@ -280,8 +270,7 @@ def test_preempted_samples_are_retried_until_enough_are_clean(monkeypatch: pytes
 
     monkeypatch.setattr(timing, "_preemptions", preemptions)
     run = measure(lambda: None, warmup=0, repeats=5, min_time_s=0.0)
-    assert run.preempted is not None and run.n_clean == 5 and run.n == 10
-    assert run.preempted == (0, 1) * 5
+    assert run.preempted == (0, 1) * 4 + (0,)  # stops at the 5th clean sample
     capped = measure(lambda: None, warmup=0, repeats=5, min_time_s=0.0, max_rounds=6)
     assert capped.n == 6
 

@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--report", action="store_true", help="print each build's fusion report")
     v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
 
+    b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
+    b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
+    _add_build_options(b)
+    b.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
+    b.add_argument("--repeats", type=int, default=7, help="timed runs per contender after warm-up (default 7)")
+    b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
+
     sub.add_parser("patterns", help="list the fusion patterns")
     return parser
 
@@ -227,6 +235,77 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
     console.print(table)
 
 
+def _sources(args: argparse.Namespace) -> list[Any]:
+    from suites.models import get_model, suite_models
+
+    from .core import SuiteSpec
+
+    if not args.models:
+        return [SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=getattr(args, "seed", 0))
+                for m in suite_models(include_slow=not args.quick)]
+    sources: list[Any] = []
+    for item in args.models:
+        if not Path(item).exists() and not item.endswith(".onnx"):
+            try:
+                m = get_model(item)
+            except KeyError:
+                raise UsageError(f"{item}: no such file, and not a built-in suite model "
+                                 f"({', '.join(s.name for s in suite_models())})") from None
+            sources.append(SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=getattr(args, "seed", 0)))
+        else:
+            sources.append(item)
+    return sources
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.plugins import env_for, load_plugins
+    from compiler.target import host_cores
+
+    from .bench import render
+    from .core import SuiteSpec
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    if options.gpu_arch:
+        raise UsageError("fuseguard bench times the host CPU; GPU timing runs under pytest --gpu-arch on a GPU runner")
+    threads = args.threads or host_cores()
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    env = {**env_for(args.plugin), "TVM_NUM_THREADS": str(threads)}
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    results, worst = [], EXIT_OK
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
+        for source in _sources(args):
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            try:
+                result = worker.call("verify.bench:bench_model", what=f"benchmarking {label}", timeout=args.timeout,
+                                     source=source, shapes=shapes if not isinstance(source, SuiteSpec) else None,
+                                     options=options, threads=threads, repeats=args.repeats)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            results.append(result)
+            console.print(f"{result.model}: fused {result.tvm_fused_ms:.2f} ms, ORT {result.ort_ms:.2f} ms "
+                          f"({result.fused_vs_ort:.2f}x)")
+    console.print(render(results, f"fuseguard bench ({threads} threads, median of >= {args.repeats} after warm-up; "
+                                  f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
+    return worst
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -241,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"verify": _verify, "patterns": _patterns}[args.command]
+    handler = {"verify": _verify, "bench": _bench, "patterns": _patterns}[args.command]
     try:
         return handler(args)
     except FuseguardError as err:

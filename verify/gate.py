@@ -99,6 +99,10 @@ class Measurement:
     set_aside: int = 0
     noisy: bool = False
 
+    def __post_init__(self) -> None:
+        if self.reference_ms is not None and not self.reference_kind:
+            raise UsageError("a same-run reference needs its reference_kind ('onnxruntime', 'calibration', ...)")
+
     @classmethod
     def of(cls, candidate: Samples | Sequence[float], reference: Samples | Sequence[float] | None = None,
            reference_kind: str | None = None) -> Measurement:
@@ -139,7 +143,11 @@ def _fmt_p(p: float) -> str:
 
 @dataclass(frozen=True)
 class GateResult:
-    """The verdict for one model, with its evidence; ``str()`` is the one-line report."""
+    """The verdict for one model, with its evidence; ``str()`` is the one-line report.
+
+    ``ci`` is the bootstrap interval of ``ratio`` widened by the policy's ``baseline_drift``: the interval
+    the verdict was decided on. ``set_aside`` counts preempted samples left out of the comparison.
+    """
 
     name: str
     verdict: Verdict
@@ -241,62 +249,81 @@ def _decide(p: float, r: float, lo: float, hi: float, policy: GatePolicy,
     return None
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    ratio: float
+    lo: float
+    hi: float
+    p: float
+    normalised: bool
+    note: str
+
+
+def _evidence(run: Measurement, baseline: Entry, policy: GatePolicy) -> _Evidence:
+    """Ratio, widened interval and p-value of one candidate run against a baseline entry."""
+    cand = np.asarray(run.samples_ms, float)
+    base = np.asarray(baseline.samples_ms, float)
+    base_ref = baseline.reference_median_ms
+    normalised = (run.reference_ms is not None and base_ref is not None
+                  and run.reference_kind == baseline.metadata.reference_kind)
+    note = ""
+    cref = bref = None
+    if normalised:
+        assert run.reference_ms is not None and base_ref is not None
+        cref = np.asarray(run.reference_ms, float)
+        cand_cmp, base_cmp = cand / np.median(cref), base / base_ref
+        if baseline.reference_samples_ms is not None:
+            bref = np.asarray(baseline.reference_samples_ms, float)
+    else:
+        cand_cmp, base_cmp = cand, base
+        if run.reference_ms is not None and base_ref is not None:
+            note = (f"references differ ({run.reference_kind} now vs {baseline.metadata.reference_kind} "
+                    f"in the baseline), compared raw ms")
+        elif base_ref is not None:
+            note = "this run measured no reference, compared raw ms"
+        elif run.reference_ms is not None:
+            note = "the baseline has no reference, compared raw ms"
+    r = float(np.median(cand_cmp) / np.median(base_cmp))
+    p = p_value(cand_cmp, base_cmp)
+    if len(cand) < 2 or len(base) < 2:
+        lo = hi = r
+    else:
+        lo, hi = ratio_ci(cand, base, candidate_reference=cref, baseline_reference=bref,
+                          confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed)
+        if normalised and bref is None:  # the baseline reference is known only as a median: a constant factor
+            assert base_ref is not None
+            lo, hi = lo * base_ref, hi * base_ref
+    widen = 1 + policy.baseline_drift
+    return _Evidence(r, min(lo, r) / widen, max(hi, r) * widen, p, normalised, note)
+
+
 def compare(name: str, candidate: Measurement | Samples | Sequence[float], baseline: Entry | None, *,
             policy: GatePolicy = GatePolicy(), more: MoreFn | None = None) -> GateResult:
     """Gate one model's candidate run against its baseline entry, sampling more through ``more`` when unclear."""
     run = candidate if isinstance(candidate, Measurement) else Measurement.of(candidate)
     if len(run.samples_ms) == 0:
         raise UsageError(f"{name}: no candidate samples to gate")
-    base_kw = dict(factor=policy.factor, confidence=policy.confidence)
+    common = dict(factor=policy.factor, confidence=policy.confidence)
     if baseline is None:
         return GateResult(name, Verdict.NO_BASELINE, None, None, None, len(run.samples_ms), 0, normalised=False,
-                          note="record one to start gating this model", **base_kw)
+                          note="record one to start gating this model", **common)
     rounds = 0
     while True:
-        cand = np.asarray(run.samples_ms, float)
-        base = np.asarray(baseline.samples_ms, float)
-        normalised = (run.reference_ms is not None and baseline.reference_median_ms is not None
-                      and run.reference_kind == baseline.metadata.reference_kind)
-        note_mode = ""
-        cref = bref = None
-        if normalised:
-            assert run.reference_ms is not None and baseline.reference_median_ms is not None
-            cref = np.asarray(run.reference_ms, float)
-            cand_cmp, base_cmp = cand / np.median(cref), base / baseline.reference_median_ms
-            if baseline.reference_samples_ms is not None:
-                bref = np.asarray(baseline.reference_samples_ms, float)
-        else:
-            cand_cmp, base_cmp = cand, base
-            if run.reference_ms is not None or baseline.reference_median_ms is not None:
-                note_mode = (f"references differ ({run.reference_kind or 'none'} vs "
-                             f"{baseline.metadata.reference_kind or 'none'}), compared raw ms")
-        r = float(np.median(cand_cmp) / np.median(base_cmp))
-        p = p_value(cand_cmp, base_cmp)
-        if len(cand) < 2 or len(base) < 2:
-            lo = hi = r
-        else:
-            lo, hi = ratio_ci(cand, base, candidate_reference=cref,
-                              baseline_reference=bref if normalised else None,
-                              confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed)
-            if normalised and bref is None:
-                scale = float(np.median(base) / np.median(base_cmp))  # the baseline reference median, a constant
-                lo, hi = lo * scale, hi * scale
-        lo, hi = min(lo, r) / (1 + policy.baseline_drift), max(hi, r) * (1 + policy.baseline_drift)
-        exhausted = more is None or len(cand) >= policy.max_samples
-        decided = _decide(p, r, lo, hi, policy, exhausted)
+        ev = _evidence(run, baseline, policy)
+        n = len(run.samples_ms)
+        decided = _decide(ev.p, ev.ratio, ev.lo, ev.hi, policy, exhausted=more is None or n >= policy.max_samples)
         if decided is not None:
             verdict, note = decided
             noisy = "noisy host: too few unpreempted samples, preempted ones compared too" if run.noisy else ""
-            note = "; ".join(x for x in (note, note_mode, noisy) if x)
-            return GateResult(name, verdict, r, (lo, hi), p, len(cand), len(base), normalised=normalised,
-                              rounds=rounds, note=note, set_aside=run.set_aside, **base_kw)
+            return GateResult(name, verdict, ev.ratio, (ev.lo, ev.hi), ev.p, n, len(baseline.samples_ms),
+                              normalised=ev.normalised, rounds=rounds,
+                              note="; ".join(x for x in (note, ev.note, noisy) if x), set_aside=run.set_aside,
+                              **common)
         assert more is not None
-        want = min(policy.step, policy.max_samples - len(cand))
-        extra = more(want)
-        got = len(extra.samples_ms) if isinstance(extra, Measurement) else len(extra)
+        extra = more(min(policy.step, policy.max_samples - n))
         rounds += 1
-        if got == 0:
-            more = None  # the callback has nothing more to give: decide on what we have
+        if len(extra.samples_ms if isinstance(extra, Measurement) else extra) == 0:
+            more = None  # the callback has nothing more to give: decide on what there is
             continue
         run = run.extend(extra)
 
