@@ -21,6 +21,7 @@ class Decision:
     launches_saved: int = 0
     predicted_us: float = 0.0
     onnx_nodes: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)   # names of the vars the group reads (links it to its call)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,7 +39,7 @@ def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, dis
     """Fuse when the pattern is enabled, its feasibility check passes and the predicted benefit is positive."""
     out = match.output_var()
     base = dict(pattern=rule.name, variant=match.variant, ops=match.ops,
-                anchor=out.name if out is not None else "", var_names=match.var_names)
+                anchor=out.name if out is not None else "", var_names=match.var_names, inputs=match.input_names)
     estimate: CostEstimate = (rule.cost or intermediate_traffic_cost)(match, hw)
     numbers = dict(bytes_saved=estimate.bytes_saved, launches_saved=estimate.launches_saved,
                    predicted_us=estimate.predicted_us)

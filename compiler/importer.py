@@ -7,10 +7,13 @@ named `n<index>` so that, after fusion, a fused group can name the ONNX nodes it
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -70,36 +73,97 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         return var
 
 
+class _Importer(_TracingImporter):
+    """Remembers the node being converted, so that a frontend failure can name it."""
+
+    current: tuple[str, str] | None = None  # (node name, op type) while its converter runs
+
+    def _convert_operator(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
+        self.current = (attrs.get("tvm_custom", {}).get("name", ""), op_name)
+        sym = super()._convert_operator(op_name, inputs, attrs, opset)
+        self.current = None
+        return sym
+
+
+class FrontendError(ModelError):
+    """TVM's ONNX frontend failed on a model that onnx.checker accepts; names the node when known."""
+
+
 def supported_ops() -> set[str]:
     return set(_frontend._get_convert_map()) | {"If", "Constant"}
 
 
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _walk(graph: onnx.GraphProto, where: str = "") -> Iterator[tuple[onnx.NodeProto, str]]:
+    """Every node with where it sits: "" at the top, "in then_branch of If 'x'" inside subgraphs."""
+    for node in graph.node:
+        yield node, where
+        for attr in node.attribute:
+            subs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+            for sub in subs:
+                inner = f"in {attr.name} of {node.op_type} '{node.name}'"
+                yield from _walk(sub, f"{inner}, {where}" if where else inner)
+
+
+def _why_unsupported(node: onnx.NodeProto, opset: int, known: set[str]) -> str | None:
+    """Why TVM cannot import this node (None: it can, as far as an op list can tell)."""
+    if node.domain not in _DEFAULT_DOMAINS:
+        hint = (" (an ONNX Runtime contrib op: export the model without ORT graph optimisations)"
+                if node.domain == "com.microsoft" else "")
+        return f"TVM's ONNX frontend imports only the default ONNX domain{hint}"
+    if node.op_type in known:
+        return None
+    if not onnx.defs.has(node.op_type, opset, ""):
+        return f"not an ONNX operator at opset {opset}"
+    return "TVM's ONNX frontend has no converter for it"
+
+
 def check_supported(model: onnx.ModelProto, label: str) -> None:
-    """Name the first unsupported operator and its node before TVM fails somewhere deep inside."""
+    """Name every unsupported operator (and its first node) before ONNX Runtime or TVM fail less clearly.
+
+    Subgraphs (If branches, Loop bodies) are searched too: the frontend converts If branches itself.
+    """
     known = supported_ops()
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedOperatorError(
-                f"{label}: unsupported operator {node.domain}::{node.op_type} (node '{node.name}'): "
-                f"only the default ONNX domain is supported")
-        if node.op_type not in known:
-            raise UnsupportedOperatorError(
-                f"{label}: unsupported operator {node.op_type} (node '{node.name}')")
+    opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
+    found: dict[str, tuple[onnx.NodeProto, str, str]] = {}
+    for node, where in _walk(model.graph):
+        why = _why_unsupported(node, opset, known)
+        op = f"{node.domain}::{node.op_type}" if node.domain not in _DEFAULT_DOMAINS else node.op_type
+        if why is not None and op not in found:
+            found[op] = (node, where, why)
+    if not found:
+        return
+    (op, (node, where, why)), *rest = found.items()
+    node_text = f"node '{node.name}'" + (f" {where}" if where else "") if node.name else (where or "unnamed node")
+    also = f"; also unsupported: {', '.join(o for o, _ in rest)}" if rest else ""
+    raise UnsupportedOperatorError(f"{label}: unsupported operator {op} ({node_text}): {why}{also}")
 
 
-def _raw_import(model: onnx.ModelProto, loaded: LoadedModel) -> ImportResult:
+def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> ImportResult:
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    importer = _TracingImporter(
+    opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
+    importer = _Importer(
         {k: list(v) for k, v in loaded.input_shapes.items()},
         dict(loaded.input_dtypes),
         keep_params_in_input=False,
         sanitize=True,
         node_index=node_index,
     )
-    with warnings.catch_warnings():
+    # The frontend prints "Error converting operator ..." with whole Relax expressions before re-raising.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        mod = importer.from_onnx(model.graph, opset)
+        try:
+            mod = importer.from_onnx(model.graph, opset)
+        except UnsupportedOperatorError:
+            raise
+        except Exception as err:
+            if importer.current is not None:
+                name, op = importer.current
+                raise FrontendError(f"{label}: TVM's ONNX frontend cannot convert node '{name}' ({op}): "
+                                    f"{_one_line(err)}") from err
+            raise FrontendError(f"{label}: TVM's ONNX frontend cannot import this model: {_one_line(err)}") from err
     return ImportResult(mod=mod, node_names=[n.name for n in model.graph.node],
                         node_ops=[n.op_type for n in model.graph.node], prepared=False)
 
@@ -128,32 +192,40 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def import_model(loaded: LoadedModel) -> ImportResult:
-    """Import a loaded model; on failure, fold shape computations and retry once."""
+    """Import a loaded model; on failure, fold shape computations with ONNX Runtime and retry once.
+
+    Exporters (PaddlePaddle, torch.onnx) compute reshape targets from `Shape` at run time; the
+    frontend wants them constant. With every input shape pinned, ORT's BASIC constant folding
+    turns those chains into constants, which is usually all the retry needs.
+    """
     label = str(loaded.path) if loaded.path else loaded.name
     check_supported(loaded.model, label)
     try:
-        return _raw_import(loaded.model, loaded)
-    except Exception as first:  # the frontend raises assorted errors for computed shapes
+        return _raw_import(loaded.model, loaded, label)
+    except UnsupportedOperatorError:
+        raise
+    except FrontendError as first:
         try:
             prepared = fold_shape_computations(loaded.model)
         except Exception as err:
-            raise ModelError(f"{label}: import failed ({_one_line(first)}); folding shapes with ONNX Runtime "
-                             f"also failed ({_one_line(err)})") from None
+            raise FrontendError(f"{first} (folding shape computations with ONNX Runtime to retry also "
+                                f"failed: {_one_line(err)})") from first
+        check_supported(prepared, label)
         try:
-            check_supported(prepared, label)
-            result = _raw_import(prepared, loaded)
-        except UnsupportedOperatorError:
-            raise
-        except Exception as second:
-            raise ModelError(f"{label}: TVM's ONNX frontend cannot import this model: {_one_line(second)}") from None
+            result = _raw_import(prepared, loaded, label)
+        except FrontendError as second:
+            raise FrontendError(f"{second} (also after folding shape computations with ONNX Runtime)") from second
         result.prepared = True
         return result
 
 
 def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    msg = text[-1] if text else ""
-    return f"{type(err).__name__}: {msg}"[:300]
+    """`Type: message` on one line; TVM errors carry a C++ backtrace, whose last line is the message."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    msg = lines[-1] if lines else ""
+    if msg.startswith(f"{type(err).__name__}: "):
+        msg = msg[len(type(err).__name__) + 2:]
+    return f"{type(err).__name__}: {msg}"[:300] if msg else type(err).__name__
 
 
 def provenance_of(var_names: list[str], result: ImportResult) -> list[str]:

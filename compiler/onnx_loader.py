@@ -164,14 +164,15 @@ def _looks_like_onnx_prefix(data: bytes) -> bool:
     return len(data) >= 2 and data[0] == 0x08 and 1 <= data[1] <= 64
 
 
-def _not_onnx(label: str, data: bytes, detail: str) -> ModelError:
+def _not_onnx(label: str, data: bytes, parsed: bool) -> ModelError:
     what = _sniff(data)
     if what is not None:
         return ModelError(f"{label}: not an ONNX model: looks like {what}")
+    problem = "holds no graph" if parsed else "does not parse as an ONNX protobuf"
     if _looks_like_onnx_prefix(data):
         return ModelError(f"{label}: truncated or corrupt ONNX file ({len(data)} bytes): it starts like a "
-                          f"model but {detail}")
-    return ModelError(f"{label}: not an ONNX model ({len(data)} bytes that {detail})")
+                          f"model but {problem}")
+    return ModelError(f"{label}: not an ONNX model ({len(data)} bytes; {problem})")
 
 
 # ----------------------------------------------------------------------------- external data
@@ -289,9 +290,9 @@ def load_model(source: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
         try:
             model.ParseFromString(data)
         except Exception:  # protobuf raises DecodeError (or RuntimeWarning-like errors for the C++ impl)
-            raise _not_onnx(label, data, "protobuf cannot parse it") from None
+            raise _not_onnx(label, data, parsed=False) from None
         if not model.graph.node and not model.graph.output:
-            raise _not_onnx(label, data, "has no graph")
+            raise _not_onnx(label, data, parsed=True)
     _check_versions(model, label)
     if path is not None:
         _check_external_data(model, path.parent, label)
@@ -308,8 +309,8 @@ def load_model(source: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
         from .importer import check_supported  # lazy: imports TVM
 
         check_supported(model, label)
-    _check_graph(model, label)
     _check_names(model, label)
+    _check_graph(model, label)
     return model, (name or (path.stem if path else label)), path
 
 
@@ -356,7 +357,8 @@ def _check_versions(model: onnx.ModelProto, label: str) -> None:
 def _check_names(model: onnx.ModelProto, label: str) -> None:
     """Duplicate value names make any name-based mapping (inputs, bisection) ambiguous.
 
-    onnx.checker catches these too; this is the check that stays when the model is too big for it.
+    Runs before onnx.checker, which catches most of these too but cannot tell an initializer
+    from a node output, and cannot check a model over 2 GiB at all.
     """
     seen: dict[str, str] = {}
     g = model.graph
@@ -524,20 +526,7 @@ def _check_activation_memory(model: onnx.ModelProto, shapes: Mapping[str, tuple[
     so it costs milliseconds even for large models. Tensors it cannot size are skipped.
     """
     graph = model.graph
-    light = onnx.ModelProto()
-    light.CopyFrom(model) if model.ByteSize() < 64 * 1024**2 else _copy_without_weights(model, light)
-    lg = light.graph
-    keep, moved = [], []
-    for init in lg.initializer:
-        if math.prod(init.dims) * _itemsize(init.data_type) <= _SMALL_INIT_BYTES:
-            keep.append(init)
-        else:
-            moved.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    existing = {i.name for i in lg.input}
-    lg.ClearField("initializer")
-    lg.initializer.extend(keep)
-    lg.input.extend(v for v in moved if v.name not in existing)
-    lg.ClearField("value_info")
+    light = _weightless_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph
     except Exception:  # best effort: an uninferrable model is still checked by its inputs and weights
@@ -569,13 +558,25 @@ def _check_activation_memory(model: onnx.ModelProto, shapes: Mapping[str, tuple[
                          f"{_fmt_bytes(limit)} limit; pass a smaller --shape")
 
 
-def _copy_without_weights(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
-    """Copy a big model but its initializers' data (shape inference needs only their dims)."""
-    out.CopyFrom(model)
-    for init in out.graph.initializer:
-        if math.prod(init.dims) * _itemsize(init.data_type) > _SMALL_INIT_BYTES:
-            for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                init.ClearField(f)
+def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its big initializers turned into graph inputs of the same type and dims:
+    shape inference needs only their dims, and copying megabytes of weights would dominate."""
+    g = model.graph
+    light = helper.make_model(
+        helper.make_graph([], g.name or "g", [], []), opset_imports=list(model.opset_import),
+        ir_version=model.ir_version)
+    lg = light.graph
+    lg.node.extend(g.node)
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    existing = {i.name for i in g.input}
+    for init in g.initializer:
+        if math.prod(init.dims) * _itemsize(init.data_type) <= _SMALL_INIT_BYTES:
+            lg.initializer.append(init)
+        elif init.name not in existing:
+            lg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    light.functions.extend(model.functions)
+    return light
 
 
 def _fmt_bytes(n: float) -> str:

@@ -173,3 +173,47 @@ def recognize_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]
                                       axes=[-1], epsilon=float(eps.reshape(())))
 
     return recognize(mod, out, rewrite, "LayerNormalization")
+
+
+# ------------------------------------------------------------------------ replacement kernels
+
+@relax.expr_functor.mutator
+class _Replacer(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, replacements: dict, spec) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+        self.replacements, self.spec = replacements, spec
+        self.replaced: dict[str, str] = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        call = binding.value
+        if isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar) \
+                and call.op.name_hint in self.replacements:
+            args = [self.visit_expr(a) for a in call.args]
+            new = self.replacements[call.op.name_hint](self.builder_, self.mod_[call.op], args, self.spec)
+            if new is not None:
+                var = self.builder_.emit(new, binding.var.name)
+                if isinstance(new, relax.Call) and new.op.name == "relax.call_tir":
+                    self.replaced[new.args[0].name_hint] = call.op.name_hint
+                self.set_var_remap(binding.var, var)
+                return
+        super().visit_var_binding_(binding)
+
+
+def apply_replacements(mod: tvm.IRModule, replacements: dict, spec) -> tuple[tvm.IRModule, dict[str, str]]:
+    """Replace calls of composite functions by hand-written kernels.
+
+    `replacements` maps a composite function name to `fn(builder, function, args, spec) -> expr | None`.
+    Returns the module (unused composites removed) and {kernel PrimFunc name: composite name}.
+    """
+    if not replacements:
+        return mod, {}
+    rep = _Replacer(mod, replacements, spec)
+    main = mod.get_global_var("main")
+    rep.builder_.update_func(main, rep.visit_expr(mod["main"]))
+    out = rep.builder_.get()
+    for name in rep.replaced:
+        gv = out.get_global_var(name)
+        out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", rep.replaced[name])
+    out = relax.transform.DeadCodeElimination(["main"])(out)
+    return out, rep.replaced

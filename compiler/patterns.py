@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
@@ -40,9 +41,28 @@ class Match:
         return [v.name for v in self.bindings]
 
     @property
-    def ops(self) -> list[str]:
-        names = []
+    def input_names(self) -> list[str]:
+        """Vars the group reads but does not bind: the arguments of its call once fused."""
+        bound = set(self.bindings)
+        names: list[str] = []
+
+        def visit(expr: relax.Expr) -> None:
+            if isinstance(expr, relax.Var) and expr not in bound and expr.name not in names:
+                names.append(expr.name)
+
         for value in self.bindings.values():
+            relax.analysis.post_order_visit(value, visit)
+        return sorted(names)
+
+    @property
+    def ops(self) -> list[str]:
+        """Operator names in graph order (by provenance tag; untagged bindings keep their place)."""
+        def order(item: tuple[relax.Var, relax.Expr]) -> int:
+            head = item[0].name[1:].split("_", 1)[0].split("+")[0] if item[0].name.startswith("n") else ""
+            return int(head) if head.isdigit() else 1 << 30
+
+        names = []
+        for _, value in sorted(self.bindings.items(), key=order):
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 names.append(value.op.name.removeprefix("relax.").removeprefix("nn."))
         return names
@@ -304,6 +324,9 @@ def _attention_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
 
 
 def _attention_check(match: Match, hw: Hardware) -> str | None:
+    """Fuse only into the tiled online-softmax kernel: merged by FuseTIR instead, the five ops become one
+    PrimFunc that still materialises S x S and that no schedule rule handles well (measured 100x slower
+    than unfused on CPU)."""
     scores = match.annotated["scores"]
     shape = [int(d) for d in scores.ty.shape.values]
     if len(shape) != 4:
@@ -312,6 +335,18 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     axis = int(softmax.attrs.axis)
     if axis not in (-1, 3):
         return f"softmax over axis {axis}, not the key axis"
+    q = match.annotated["q"]
+    head_dim = int(q.ty.shape.values[-1])
+    try:
+        from .kernels.attention import choose_tiles
+    except ImportError:
+        return "no tiled attention kernel available for this target"
+    tiles = choose_tiles(shape[2], shape[3], head_dim, str(q.ty.dtype), "cuda" if hw.is_gpu else "llvm",
+                         hw.smem_per_block_bytes if hw.is_gpu else hw.l2_bytes)
+    if tiles is None:
+        budget = hw.smem_per_block_bytes if hw.is_gpu else hw.l2_bytes
+        return (f"no attention tile for head_dim {head_dim} fits {budget // 1024} KiB of "
+                f"{'shared memory per block' if hw.is_gpu else 'L2'} on {hw.name}: falling back to unfused")
     return None
 
 
@@ -398,3 +433,52 @@ register_pattern(PatternRule(
     cost=intermediate_traffic_cost,
     tags=("softmax",),
 ))
+
+
+# --------------------------------------------------------------------------- replacement kernels
+
+def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: list[relax.Expr], spec) -> relax.Expr | None:
+    """Swap the composite attention group for the tiled online-softmax kernel (compiler/kernels)."""
+    from .kernels.attention import attention_call
+
+    param_arg = dict(zip(func.params, args))
+    values: dict[relax.Var, relax.Expr] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            values[binding.var] = binding.value
+    calls = [v for v in values.values() if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)]
+    by_op: dict[str, list[relax.Call]] = {}
+    for c in calls:
+        by_op.setdefault(c.op.name, []).append(c)
+    matmuls = by_op.get("relax.matmul", [])
+    if len(matmuls) != 2:
+        return None
+    first, second = (matmuls if matmuls[0].args[0] in func.params else matmuls[::-1])
+
+    def arg_of(expr: relax.Expr) -> relax.Expr | None:
+        return param_arg.get(expr) if isinstance(expr, relax.Var) else None
+
+    q, kt, v = arg_of(first.args[0]), arg_of(first.args[1]), arg_of(second.args[1])
+    scale_call = (by_op.get("relax.multiply") or by_op.get("relax.divide") or [None])[0]
+    if q is None or kt is None or v is None or scale_call is None:
+        return None
+    const = next((a for a in scale_call.args if not (isinstance(a, relax.Var) and a in values)), None)
+    const = arg_of(const) if isinstance(const, relax.Var) else const
+    if const is None or not hasattr(const, "value"):
+        return None
+    scale = float(np.asarray(const.value.numpy()).reshape(()))
+    if scale_call.op.name == "relax.divide":
+        scale = 1.0 / scale
+    mask = None
+    for add in by_op.get("relax.add", []):
+        other = [a for a in add.args if not (isinstance(a, relax.Var) and a in values)]
+        if other:
+            mask = arg_of(other[0]) if isinstance(other[0], relax.Var) else other[0]
+    if by_op.get("relax.add") and mask is None:
+        return None
+    k = bb.emit(relax.op.permute_dims(kt, [0, 1, 3, 2]))
+    call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), name="fused_attention")
+    return call
+
+
+PATTERNS["attention"].replacement = _attention_replacement

@@ -38,7 +38,7 @@ from .errors import CompileError, UsageError
 from .hardware import Hardware, for_target
 from .importer import ImportResult, import_model, provenance_of
 from .onnx_loader import LoadedModel, load
-from .passes import FoldBatchNorm
+from .passes import FoldBatchNorm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -167,7 +167,8 @@ def generated_source(executable: Any, kind: str = "cuda") -> str:
 
 # ----------------------------------------------------------------------------- fusion with decisions
 
-def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decision]) -> list[relax.transform.FusionPattern]:
+def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decision],
+                     vetoed: dict[tuple[str, tuple[str, ...]], str]) -> list[relax.transform.FusionPattern]:
     out = []
     seen: set[tuple[str, str]] = set()
     for rule in patterns.rules():
@@ -177,8 +178,9 @@ def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decis
                 usages = {k: list(v) for k, v in ctx.var_usages.items()}
                 match = patterns.Match(pattern=rule.name, variant=variant, annotated=dict(ctx.annotated_expr),
                                        bindings=dict(ctx.matched_bindings), var_usages=usages)
-                decision = cost.decide(rule, match, hw, disabled=disabled,
-                                       disabled_why=f"pattern '{rule.name}' disabled by the user (--disable-pattern)")
+                veto = vetoed.get((rule.name, tuple(match.input_names)))
+                decision = cost.decide(rule, match, hw, disabled=disabled or veto is not None,
+                                       disabled_why=veto or f"pattern '{rule.name}' disabled by the user (--disable-pattern)")
                 key = (rule.name, decision.anchor)
                 if key not in seen:
                     seen.add(key)
@@ -202,25 +204,45 @@ def _run_user_passes(stage: str, mod: tvm.IRModule, options: CompileOptions) -> 
     return mod
 
 
-def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target, options: CompileOptions) -> tvm.IRModule:
+def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target,
+              options: CompileOptions) -> tuple[tvm.IRModule, dict[str, str]]:
+    """Schedule every PrimFunc; return the module and {function: why no schedule applied}."""
     if spec.is_gpu:
         from tvm.s_tir import dlight as dl
 
         return dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
-        )(mod)
+        )(mod), {}
     if not options.schedule:
-        return mod
-    try:
-        from .schedule.cpu import schedule_cpu_module
-    except ImportError:
-        return mod
-    return schedule_cpu_module(mod, target, enabled=True, num_threads=options.num_threads)
+        return mod, {}
+    from .schedule.cpu import schedule_cpu_module_with_report
+
+    mod, sched = schedule_cpu_module_with_report(mod, target, enabled=True, num_threads=options.num_threads)
+    return mod, dict(sched.left_alone)
 
 
 def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str = "model",
           provenance: Callable[[list[str]], list[str]] | None = None) -> tuple[tvm.IRModule, report.FusionReport]:
-    """Steps 1-9: a Relax module in, a module ready for codegen and its fusion report out."""
+    """Steps 1-9: a Relax module in, a module ready for codegen and its fusion report out.
+
+    A pattern group whose fused kernel no schedule rule can handle would run as naive loops, far slower
+    than its unfused parts (measured: 100x for a merged attention on CPU). Such groups are vetoed with
+    that reason and the module is lowered once more: the scheduler has the last word on a fusion.
+    """
+    lowered, rep, unscheduled = _lower(mod, spec, options, name=name, provenance=provenance, vetoed={})
+    if not unscheduled:
+        return lowered, rep
+    vetoed = {(d.pattern, tuple(d.inputs)): f"the fused kernel has no {spec.label} schedule ({why}); "
+                                            f"unfused parts are scheduled and faster"
+              for d, why in unscheduled}
+    lowered, rep2, _ = _lower(mod, spec, options, name=name, provenance=provenance, vetoed=vetoed)
+    rep2.compile_s += rep.compile_s
+    return lowered, rep2
+
+
+def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str,
+           provenance: Callable[[list[str]], list[str]] | None,
+           vetoed: dict[tuple[str, tuple[str, ...]], str]):
     target = spec.tvm_target()
     hw = for_target("cuda" if spec.is_gpu else "cpu", spec.arch)
     provenance = provenance or (lambda names: [])
@@ -245,22 +267,31 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
     mod = _run_user_passes("before_fusion", mod, options)
 
     decisions: list[cost.Decision] = []
+    links: dict[str, cost.Decision] = {}
     if options.fusion:
         for rule in patterns.rules():
             if rule.prepare is not None and rule.name not in options.disabled_patterns:
                 start = time.perf_counter()
                 mod, _ = rule.prepare(mod)
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
-        fusion_patterns = _fusion_patterns(options, hw, decisions)
+        fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed)
         mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
                                                           annotate_codegen=False)], mod)
+        links = report.link_decisions(mod, decisions)
+        start = time.perf_counter()
+        wanted = {gv: patterns.PATTERNS[d.pattern].replacement for gv, d in links.items()
+                  if d.pattern in patterns.PATTERNS and patterns.PATTERNS[d.pattern].replacement is not None}
+        with target:
+            mod, replaced = apply_replacements(mod, wanted, spec)
+        links.update({kernel: links[composite] for kernel, composite in replaced.items()})
+        rep.stage_s["replacements"] = time.perf_counter() - start
     mod = _run_user_passes("after_fusion", mod, options)
 
     mod = stage("legalize", [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
     rep.ops_before_fusion = report.count_kernels(mod)
     if options.fusion:
         mod = stage("fuse_ops", [T.FuseOps()], mod)
-        rep.groups = report.fused_groups(mod, provenance, decisions)
+        rep.groups = report.fused_groups(mod, provenance, decisions, links)
         mod = stage("fuse_tir", [T.FuseTIR()], mod)
     for d in decisions:
         if not d.onnx_nodes:
@@ -270,8 +301,11 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
 
     start = time.perf_counter()
     with target:
-        mod = _schedule(mod, spec, target, options)
+        mod, left_alone = _schedule(mod, spec, target, options)
     rep.stage_s["schedule"] = time.perf_counter() - start
+    unscheduled = [(links[g.function], left_alone[g.function]) for g in rep.groups
+                   if g.pattern != "generic" and g.function in left_alone and g.function in links
+                   and left_alone[g.function] != "already scheduled"]
 
     finalize = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(),
                 T.StaticPlanBlockMemory()]
@@ -283,7 +317,7 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
     rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
     mod = stage("memory_plan", finalize, mod)
     rep.compile_s = time.perf_counter() - t0
-    return mod, rep
+    return mod, rep, unscheduled
 
 
 def build(mod: tvm.IRModule, spec: TargetSpec) -> Any:

@@ -21,6 +21,8 @@ class FusedGroup:
     onnx_nodes: list[str]
     reason: str = ""
     output_var: str = ""
+    predicted_us: float = 0.0     # the cost model's predicted saving for this group (0 for generic groups)
+    bytes_saved: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,10 +188,36 @@ def count_ops(mod: tvm.IRModule) -> int:
     return count
 
 
-_TAGGED = re.compile(r"^n\d+_")
+_TAGGED = re.compile(r"^n\d+(?:\+\d+)*_")
 
 
-def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision]) -> list[FusedGroup]:
+def link_decisions(mod: tvm.IRModule, decisions: list[Decision]) -> dict[str, Decision]:
+    """Right after pattern fusion: composite function name -> the decision that made it.
+
+    Matched by the pattern and by the names of the vars the call reads, which are still the original
+    bindings of `main` at this point (FuseOps later renames).
+    """
+    links: dict[str, Decision] = {}
+    fused = [d for d in decisions if d.fused]
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, relax.GlobalVar):
+            func = mod[expr.op]
+            if not isinstance(func, relax.Function) or func.attrs is None or "Composite" not in func.attrs:
+                return
+            pattern = str(func.attrs["Composite"]).split(".", 1)[-1]
+            args = sorted(a.name for a in expr.args if isinstance(a, relax.Var))
+            for d in fused:
+                if d.pattern == pattern and d.inputs == args and d not in links.values():
+                    links[expr.op.name_hint] = d
+                    break
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return links
+
+
+def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
+                 links: dict[str, Decision] | None = None) -> list[FusedGroup]:
     """Groups called from `main`, in execution order, after FuseOps (before FuseTIR).
 
     A pattern group is tied to its cost-model decision through the provenance-tagged var names
@@ -208,6 +236,16 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision]) -> li
         for block in seq.blocks:
             for binding in block.bindings:
                 value = binding.value
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                        and value.op.name == "relax.call_tir" and value.args[0].name_hint in (links or {}):
+                    decision = links[value.args[0].name_hint]
+                    decision.onnx_nodes = provenance(decision.var_names)
+                    groups.append(FusedGroup(function=value.args[0].name_hint, pattern=decision.pattern,
+                                             ops=list(decision.ops), onnx_nodes=decision.onnx_nodes,
+                                             reason=decision.reason + "; hand-written tiled kernel",
+                                             output_var=decision.anchor, predicted_us=decision.predicted_us,
+                                             bytes_saved=decision.bytes_saved))
+                    continue
                 if not (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)):
                     continue
                 func = mod[value.op]
@@ -217,18 +255,22 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision]) -> li
                 names += [p.name for p in func.params]
                 composite = str(func.attrs["Composite"]) if "Composite" in func.attrs else None
                 pattern, reason, anchor = "generic", "TVM FuseOps: injective/reduction ops merged into their producer", ""
+                predicted, saved = 0.0, 0
                 nodes = provenance([n for n in names if n not in {p.name for p in func.params}])
                 if composite:
                     pattern = composite.split(".", 1)[-1]
-                    decision = next((by_name[n] for n in names if n in by_name), None)
+                    decision = (links or {}).get(value.op.name_hint) or \
+                        next((by_name[n] for n in names if n in by_name), None)
                     if decision is not None:
                         reason, anchor = decision.reason, decision.anchor
+                        predicted, saved = decision.predicted_us, decision.bytes_saved
                         nodes = provenance(decision.var_names)
                         decision.onnx_nodes = nodes
                 if len(ops) < 2 and pattern == "generic":
                     continue
                 groups.append(FusedGroup(function=value.op.name_hint, pattern=pattern, ops=ops, onnx_nodes=nodes,
-                                         reason=reason, output_var=anchor or binding.var.name))
+                                         reason=reason, output_var=anchor or binding.var.name,
+                                         predicted_us=predicted, bytes_saved=saved))
 
     if isinstance(main.body, relax.SeqExpr):
         visit_seq(main.body)

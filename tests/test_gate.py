@@ -137,6 +137,9 @@ POLICY = GatePolicy()
     (0.30, 1.00, 0.80, 1.30, False, None),           # wide CI, budget left: sample more
     (0.30, 1.00, 0.80, 1.30, True, Verdict.SAME),    # high p after the budget
     (0.05, 1.05, 0.85, 1.30, True, Verdict.INCONCLUSIVE),
+    (1e-5, 0.89, 0.81, 1.12, False, None),           # "significant" but the CI holds 1: the two disagree
+    (1e-5, 0.89, 0.81, 1.12, True, Verdict.INCONCLUSIVE),
+    (1e-5, 1.15, 0.99, 1.40, True, Verdict.INCONCLUSIVE),
 ])
 def test_decision_table(p: float, r: float, lo: float, hi: float, exhausted: bool, expected: Verdict | None) -> None:
     decided = _decide(p, r, lo, hi, POLICY, exhausted)

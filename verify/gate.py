@@ -7,14 +7,16 @@ and an unclear result buys more samples, up to a budget, instead of guessing.
 
 Decision, with r the ratio of medians candidate/baseline and [lo, hi] its bootstrap confidence interval:
 
-* significant (p < alpha) and r > 1 and hi >= factor -> ``slower``: a slowdown is real and one of at
-  least ``factor`` is within the interval. When r itself is still below the factor the gate first buys
+* significant (p < alpha), lo > 1 and hi >= factor -> ``slower``: a slowdown is real (both the test
+  and the interval say so) and one of at least ``factor`` is within the interval. When r itself is still below the factor the gate first buys
   more samples (the interval narrows and a small real slowdown drops out as ``same``); at the budget it
   reports ``slower``, because a gate that needs r >= factor would miss a slowdown of exactly the factor
   half the time. ``faster`` is the mirror image, with a hint to update the baseline.
 * the interval lies inside [1/factor, factor] -> ``same``, even when significant (a real 3% shift under
   a 10% factor).
-* otherwise more samples; at the budget p >= same_p -> ``same``, else ``inconclusive``.
+* otherwise more samples; at the budget p >= same_p -> ``same``, else ``inconclusive`` (this includes
+  a small p whose interval still straddles 1: on a noisy host the test and the interval can disagree,
+  and then the gate says so rather than guessing).
 
 The interval is widened by ``baseline_drift`` (1%) each way: a stored baseline also carries the state
 of the machine on the day it was recorded, which no resampling of that day's samples can see (measured
@@ -229,19 +231,19 @@ def _decide(p: float, r: float, lo: float, hi: float, policy: GatePolicy,
             exhausted: bool) -> tuple[Verdict, str] | None:
     """The verdict for the evidence so far, or None to take more samples."""
     f = policy.factor
-    if p < policy.alpha:
-        if r > 1 and hi >= f:
-            if r >= f:
-                return Verdict.SLOWER, ""
-            return (Verdict.SLOWER, f"below {f:g}x but the CI reaches it after the sample budget") if exhausted else None
-        if r < 1 and lo <= 1 / f:
-            hint = "improvement: update the baseline so later regressions are measured from here"
-            if r <= 1 / f:
-                return Verdict.FASTER, hint
-            return (Verdict.FASTER, hint) if exhausted else None
-        return Verdict.SAME, f"a significant but small shift, within the {f:g}x factor"
+    if p < policy.alpha and lo > 1 and hi >= f:
+        if r >= f:
+            return Verdict.SLOWER, ""
+        note = f"{r:.4f}x is below the {f:g}x factor but its CI reaches it after the {policy.max_samples}-sample budget"
+        return (Verdict.SLOWER, note) if exhausted else None
+    if p < policy.alpha and hi < 1 and lo <= 1 / f:
+        hint = "improvement: update the baseline so later regressions are measured from here"
+        if r <= 1 / f:
+            return Verdict.FASTER, hint
+        return (Verdict.FASTER, hint) if exhausted else None
     if 1 / f <= lo and hi <= f:
-        return Verdict.SAME, ""
+        small = p < policy.alpha and (lo > 1 or hi < 1)
+        return Verdict.SAME, f"a significant but small shift, within the {f:g}x factor" if small else ""
     if exhausted:
         if p >= policy.same_p:
             return Verdict.SAME, f"not significant after the {policy.max_samples}-sample budget"

@@ -1,0 +1,332 @@
+"""Capture every kernel's output without changing a kernel: the probe behind `fuseguard bisect`.
+
+Marking every tensor as a graph output (Polygraphy's ``--mark all``) breaks the very fusions
+under suspicion, because a fused intermediate can no longer stay in registers. Here the probe runs
+*after* FuseOps/FuseTIR (stage ``after_tir_fusion``): each ``call_tir`` in Relax ``main`` is one
+kernel — a whole fused group in the fused build, one operator in the unfused build — and its result
+already lives in memory. `CapturePass` only makes ``main`` return those results as well; no PrimFunc
+is touched, so what is fused stays fused.
+
+The pass records a `CaptureManifest` (ordered kernels with their inputs, output shape and the
+PrimFunc called) so the extra outputs can be named after the run and two builds aligned
+(`align`): single-operator kernels keep the importer's provenance names (``n<i>_<Op>``) in both
+builds, while fused kernels are bound to fresh names (``lv3``) and are matched structurally to the
+unfused operators they replace (same inputs, same weights, same output type, same TIR blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+KERNEL_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
+_TAG = re.compile(r"^n(\d+(?:\+\d+)*)_")  # merged tags (n1+2+9_LayerNorm) name every node
+_BLOCK = re.compile(r"^\s*with T\.sblock\(", re.M)
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One argument of a kernel call: a tensor var of ``main`` (``var``) or a weight (``const``)."""
+
+    var: str | None = None
+    const: str | None = None       # content hash of a non-scalar constant; scalars are not compared
+
+
+@dataclass
+class CapturedKernel:
+    """One kernel launch in ``main`` whose output is captured."""
+
+    key: str                       # unique capture key: the bound var's name (``#k`` on repeats)
+    var: str                       # the var name as bound in main
+    function: str                  # the PrimFunc (or packed function) called
+    args: list[KernelArg]
+    shape: tuple[int, ...] | None
+    dtype: str
+    blocks: int                    # TIR blocks in the PrimFunc (fused kernels: the sum over their ops)
+    index: int                     # position among captured kernels (execution order)
+    tuple_index: int | None = None  # for a field of a multi-output kernel
+
+    @property
+    def node_index(self) -> int | None:
+        """The ONNX node whose output this tensor is, by the importer's provenance tag."""
+        return node_index(self.var)
+
+    @property
+    def input_vars(self) -> list[str]:
+        return [a.var for a in self.args if a.var is not None]
+
+    @property
+    def consts(self) -> list[str]:
+        return sorted(a.const for a in self.args if a.const is not None)
+
+
+@dataclass
+class CaptureManifest:
+    """What the capture pass added to ``main``: kernels in execution order after the real outputs."""
+
+    params: list[str] = field(default_factory=list)
+    kernels: list[CapturedKernel] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)   # keys of the vars main originally returned
+    num_outputs: int = 0                                # flattened tensors main originally returned
+
+    def by_key(self) -> dict[str, CapturedKernel]:
+        return {k.key: k for k in self.kernels}
+
+    def split(self, flat: Sequence[np.ndarray]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """A run's flattened outputs -> (the model's own outputs, capture key -> tensor)."""
+        if len(flat) != self.num_outputs + len(self.kernels):
+            raise ValueError(f"run returned {len(flat)} tensors; the capture manifest expects "
+                             f"{self.num_outputs} outputs + {len(self.kernels)} captures")
+        own = list(flat[:self.num_outputs])
+        return own, {k.key: flat[self.num_outputs + i] for i, k in enumerate(self.kernels)}
+
+
+def _const_key(const: tvm.ir.Constant) -> str | None:
+    data = const.value.numpy()
+    if data.size <= 1:
+        return None
+    digest = hashlib.blake2b(np.ascontiguousarray(data).tobytes(), digest_size=12).hexdigest()
+    return f"{data.dtype}{list(data.shape)}:{digest}"
+
+
+def _tensor_type(expr: relax.Expr) -> tuple[tuple[int, ...] | None, str] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType):
+        return None
+    shape = None
+    if ty.shape is not None:
+        try:
+            shape = tuple(int(d) for d in ty.shape.values)
+        except (TypeError, AttributeError, ValueError):
+            shape = None
+    return shape, str(ty.dtype)
+
+
+def _count_blocks(mod: tvm.IRModule, gv: relax.Expr, cache: dict[str, int]) -> int:
+    if not isinstance(gv, relax.GlobalVar):
+        return 0
+    name = gv.name_hint
+    if name not in cache:
+        func = mod[gv]
+        cache[name] = len(_BLOCK.findall(func.script())) if hasattr(func, "script") else 0
+    return cache[name]
+
+
+def _flat_len(ty: Any) -> int:
+    if isinstance(ty, relax.TupleType):
+        return sum(_flat_len(f) for f in ty.fields)
+    return 1
+
+
+class CapturePass:
+    """``fn(mod) -> mod`` for ``CompileOptions(extra_passes=(("after_tir_fusion", capture),))``.
+
+    Rewrites ``main`` to return ``(original result, captured kernel outputs...)``. After a build,
+    ``manifest`` says which flattened output is which kernel. One instance per build.
+    """
+
+    __name__ = "fuseguard_capture"
+
+    def __init__(self, function: str = "main") -> None:
+        self.function = function
+        self.manifest = CaptureManifest()
+
+    def __call__(self, mod: tvm.IRModule) -> tvm.IRModule:
+        func = mod[self.function]
+        if not isinstance(func.body, relax.SeqExpr):
+            return mod
+        manifest = CaptureManifest(params=[p.name for p in func.params])
+        producers: dict[relax.Var, CapturedKernel] = {}
+        seen: dict[str, int] = {}
+        captured: list[relax.Var] = []
+        blocks_cache: dict[str, int] = {}
+        names: dict[relax.Var, str] = {p: p.name for p in func.params}
+
+        def arg_of(expr: relax.Expr) -> KernelArg | None:
+            if isinstance(expr, relax.Var):
+                return KernelArg(var=names.get(expr, expr.name))
+            if isinstance(expr, tvm.ir.Constant):
+                key = _const_key(expr)
+                return KernelArg(const=key) if key else None
+            return None
+
+        def add(var: relax.Var, gv: relax.Expr, args: list[KernelArg], tuple_index: int | None) -> None:
+            tt = _tensor_type(var)
+            if tt is None:
+                return
+            count = seen.get(var.name, 0)
+            seen[var.name] = count + 1
+            key = var.name if count == 0 else f"{var.name}#{count}"
+            names[var] = key
+            kernel = CapturedKernel(key=key, var=var.name,
+                                    function=gv.name_hint if isinstance(gv, relax.GlobalVar) else str(gv),
+                                    args=args, shape=tt[0], dtype=tt[1],
+                                    blocks=_count_blocks(mod, gv, blocks_cache),
+                                    index=len(manifest.kernels), tuple_index=tuple_index)
+            manifest.kernels.append(kernel)
+            producers[var] = kernel
+            captured.append(var)
+
+        calls: dict[relax.Var, tuple[relax.Expr, list[KernelArg]]] = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if not isinstance(binding, relax.VarBinding):
+                    continue
+                value, var = binding.value, binding.var
+                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in KERNEL_OPS:
+                    gv = value.args[0]
+                    inner = value.args[1]
+                    fields = inner.fields if isinstance(inner, relax.Tuple) else [inner]
+                    args = [a for a in (arg_of(f) for f in fields) if a is not None]
+                    if isinstance(var.ty, relax.TupleType):
+                        calls[var] = (gv, args)
+                        names[var] = var.name
+                    else:
+                        add(var, gv, args, None)
+                elif isinstance(value, relax.TupleGetItem) and value.tuple_value in calls:
+                    gv, args = calls[value.tuple_value]
+                    add(var, gv, args, int(value.index))
+                else:
+                    names.setdefault(var, var.name)
+
+        body = func.body.body
+        outs = body.fields if isinstance(body, relax.Tuple) else [body]
+        manifest.outputs = [names.get(o, o.name) if isinstance(o, relax.Var) else "" for o in outs]
+        manifest.num_outputs = _flat_len(body.ty)
+        if not captured:
+            self.manifest = manifest
+            return mod
+
+        blocks = list(func.body.blocks)
+        last = blocks[-1]
+        cap_tuple = relax.Tuple(captured)
+        # A non-dataflow var bound inside a dataflow block is that block's output (what R.output makes).
+        out_var = relax.Var("fuseguard_captures", cap_tuple.ty)
+        kind = relax.DataflowBlock if isinstance(last, relax.DataflowBlock) else relax.BindingBlock
+        blocks[-1] = kind(list(last.bindings) + [relax.VarBinding(out_var, cap_tuple)])
+        result = relax.Tuple([body, out_var])
+        new_func = relax.Function(list(func.params), relax.SeqExpr(blocks, result), result.ty, func.is_pure,
+                                  func.attrs, func.span)
+        mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+        mod[self.function] = new_func
+        mod = relax.transform.Normalize()(mod)
+        self.manifest = manifest
+        return mod
+
+
+# --------------------------------------------------------------------------- aligning two builds
+
+
+@dataclass
+class Alignment:
+    """Fused capture key -> unfused capture key (or a model input name), and how each was found."""
+
+    mapping: dict[str, str] = field(default_factory=dict)
+    how: dict[str, str] = field(default_factory=dict)          # "name" | "output" | "structure"
+    members: dict[str, list[str]] = field(default_factory=dict)  # fused key -> unfused keys it fuses
+    unmapped: list[str] = field(default_factory=list)
+
+
+def align(fused: CaptureManifest, unfused: CaptureManifest, *, max_group: int = 64) -> Alignment:
+    """Map every fused kernel output to the unfused tensor holding the same value.
+
+    Provenance names first (single-operator kernels and model outputs); then, for fused groups,
+    the unfused subgraph ending at a candidate tensor whose inputs are exactly the group's inputs
+    (already mapped, in execution order), whose weights are the group's weights and whose TIR
+    block count adds up to the group's. Names inside deduplicated fused functions are shared by
+    every call site, so they cannot be trusted per call; structure can.
+    """
+    ukeys = unfused.by_key()
+    order = {k.key: k.index for k in unfused.kernels}
+    result = Alignment()
+    m: dict[str, str] = {p: p for p in fused.params if p in set(unfused.params)}
+    out_map = dict(zip(fused.outputs, unfused.outputs))
+    used: set[str] = set()
+
+    for f in fused.kernels:
+        if f.key in out_map and out_map[f.key] in ukeys:
+            target = ukeys[out_map[f.key]]
+            if target.shape == f.shape and target.dtype == f.dtype:
+                m[f.key], result.how[f.key] = target.key, "output"
+        elif _TAG.match(f.key) and f.key in ukeys:
+            target = ukeys[f.key]
+            if target.shape == f.shape and target.dtype == f.dtype:
+                m[f.key], result.how[f.key] = target.key, "name"
+        inputs = [m.get(v) for v in f.input_vars]
+        if f.key in m:
+            closure = None
+            if all(i is not None for i in inputs):
+                closure = _closure(ukeys[m[f.key]], ukeys, set(inputs), set(unfused.params), max_group)  # type: ignore[arg-type]
+            result.members[f.key] = sorted(closure[0], key=lambda k: order[k]) if closure else [m[f.key]]
+            used.add(m[f.key])
+            continue
+        if any(i is None for i in inputs):
+            result.unmapped.append(f.key)
+            continue
+        want_inputs = set(inputs)  # type: ignore[arg-type]
+        after = max((order.get(i, -1) for i in want_inputs), default=-1)
+        best: tuple[tuple[int, ...], CapturedKernel, list[str]] | None = None
+        for u in unfused.kernels:
+            if u.index <= after or u.shape != f.shape or u.dtype != f.dtype:
+                continue
+            closure = _closure(u, ukeys, want_inputs, set(unfused.params), max_group)
+            if closure is None:
+                continue
+            members, leaves = closure
+            if leaves != want_inputs:
+                continue
+            consts = sorted(c for k in members for c in ukeys[k].consts)
+            blocks = sum(ukeys[k].blocks for k in members)
+            score = (int(consts == f.consts), int(blocks == f.blocks), int(u.key not in used), -len(members))
+            if best is None or score > best[0]:
+                best = (score, u, members)
+        if best is None or best[0][0] == 0 and f.consts:
+            result.unmapped.append(f.key)
+            continue
+        m[f.key], result.how[f.key] = best[1].key, "structure"
+        result.members[f.key] = sorted(best[2], key=lambda k: order[k])
+        used.add(best[1].key)
+    result.mapping = {k: v for k, v in m.items() if k not in fused.params}
+    return result
+
+
+def _closure(root: CapturedKernel, ukeys: Mapping[str, CapturedKernel], stop: set[str], params: set[str],
+             limit: int) -> tuple[list[str], set[str]] | None:
+    """Unfused kernels from ``root`` back to the ``stop`` tensors: (members, stop tensors reached)."""
+    members: list[str] = []
+    leaves: set[str] = set()
+    stack, seen = [root.key], set()
+    while stack:
+        key = stack.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in stop:
+            leaves.add(key)
+            continue
+        if key in params or key not in ukeys:
+            return None          # reached a model input (or unknown) that the group does not read
+        members.append(key)
+        if len(members) > limit:
+            return None
+        stack.extend(ukeys[key].input_vars)
+    return members, leaves
+
+
+def node_indices(key: str) -> list[int]:
+    """Every ONNX node a provenance-tagged name stands for (``n1+2+9_LayerNorm`` -> [1, 2, 9])."""
+    m = _TAG.match(key)
+    return sorted(int(i) for i in m.group(1).split("+")) if m else []
+
+
+def node_index(key: str) -> int | None:
+    """The ONNX node whose output a tagged tensor is: the last node of a merged tag (its root)."""
+    indices = node_indices(key)
+    return indices[-1] if indices else None
