@@ -209,12 +209,13 @@ def import_model(loaded: LoadedModel) -> ImportResult:
             prepared = fold_shape_computations(loaded.model)
         except Exception as err:
             raise FrontendError(f"{first} (folding shape computations with ONNX Runtime to retry also "
-                                f"failed: {_one_line(err)})") from first
+                                f"failed: {_one_line(err)}){loaded.shape_hint()}") from first
         check_supported(prepared, label)
         try:
             result = _raw_import(prepared, loaded, label)
         except FrontendError as second:
-            raise FrontendError(f"{second} (also after folding shape computations with ONNX Runtime)") from second
+            raise FrontendError(f"{second} (also after folding shape computations with ONNX Runtime)"
+                                f"{loaded.shape_hint()}") from second
         result.prepared = True
         return result
 
@@ -222,7 +223,7 @@ def import_model(loaded: LoadedModel) -> ImportResult:
 def _one_line(err: BaseException) -> str:
     """`Type: message` on one line; TVM errors carry a C++ backtrace, whose last line is the message."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    msg = lines[-1] if lines else ""
+    msg = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", lines[-1]) if lines else ""
     if msg.startswith(f"{type(err).__name__}: "):
         msg = msg[len(type(err).__name__) + 2:]
     return f"{type(err).__name__}: {msg}"[:300] if msg else type(err).__name__

@@ -58,10 +58,19 @@ class LoadedModel:
     output_names: list[str]
     path: Path | None = None
     warnings: list[str] = field(default_factory=list)
+    guessed: dict[str, tuple[int, ...]] = field(default_factory=dict)  # inputs whose dynamic dims we chose
 
     @property
     def num_nodes(self) -> int:
         return len(self.model.graph.node)
+
+    def shape_hint(self) -> str:
+        """A suffix for errors that a wrong guess of dynamic dims may explain ("" when none was guessed)."""
+        if not self.guessed:
+            return ""
+        shapes = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in self.guessed.items())
+        return (f"; the dynamic input dims were guessed ({shapes}): pass --shape NAME=DIMS with the size "
+                "the model was exported for")
 
 
 # ----------------------------------------------------------------------------- --shape parsing
@@ -434,6 +443,7 @@ def pin_shapes(
     label: str = "model",
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
+    guessed: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
     """Fix every input dimension in place and refuse shapes that cannot fit in memory.
 
@@ -441,6 +451,7 @@ def pin_shapes(
     `shape_hints` (the arrays of --inputs FILE.npz, used where they fit), else the model's fixed
     dims with dynamic ones set to `default_dim` or, when that is None, the AUTO_* defaults.
     Declared dims <= 0 count as dynamic, except that a declared 0 with nothing to pin it is refused.
+    Inputs whose dynamic dims were chosen here (not given) are added to `guessed`, if passed.
     """
     shapes = dict(shapes or {})
     hints = dict(shape_hints or {})
@@ -487,6 +498,8 @@ def pin_shapes(
                                  "it at a non-empty size")
             shape = tuple(_auto_dims(dims)) if default_dim is None else tuple(
                 d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else default_dim for d in dims)
+            if guessed is not None and any(not (d.HasField("dim_value") and d.dim_value > 0) for d in dims):
+                guessed[inp.name] = shape
         pinned[inp.name] = shape
     _check_input_memory(model, pinned, label, memory_limit_bytes)
     for inp in inputs:
@@ -613,11 +626,13 @@ def load(
     model, display, path = load_model(source, name=name, check_ops=check_ops)
     label = str(path) if path else display
     name_nodes(model)
+    guessed: dict[str, tuple[int, ...]] = {}
     pinned, dtypes = pin_shapes(model, shapes, default_dim=default_dim, label=label,
-                                memory_limit_bytes=memory_limit_bytes, shape_hints=shape_hints)
+                                memory_limit_bytes=memory_limit_bytes, shape_hints=shape_hints, guessed=guessed)
     warnings = _weight_warnings(model, label)
     return LoadedModel(name=display, model=model, input_shapes=pinned, input_dtypes=dtypes,
-                       output_names=[o.name for o in model.graph.output], path=path, warnings=warnings)
+                       output_names=[o.name for o in model.graph.output], path=path, warnings=warnings,
+                       guessed=guessed)
 
 
 def _weight_warnings(model: onnx.ModelProto, label: str) -> list[str]:

@@ -31,6 +31,8 @@ class _Parser(argparse.ArgumentParser):
 def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                    help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="free dimension of a built-in suite model, e.g. seq=128 or batch=2 (repeatable)")
     p.add_argument("--default-dim", type=int, default=1, metavar="N",
                    help="value for every dynamic dimension not pinned by --shape (default 1)")
     p.add_argument("--gpu-arch", default=None, metavar="ARCH",
@@ -107,26 +109,9 @@ def _verify(args: argparse.Namespace) -> int:
     if args.atol is not None or args.rtol is not None:
         tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
                                rtol=args.rtol if args.rtol is not None else 1e-4)
-    sources: list[Any]
-    from suites.models import get_model, suite_models
-
-    if args.models:
-        sources = []
-        for item in args.models:
-            if not Path(item).exists() and not item.endswith(".onnx"):
-                try:
-                    m = get_model(item)
-                except KeyError:
-                    raise UsageError(f"{item}: no such file, and not a built-in suite model "
-                                     f"({', '.join(s.name for s in suite_models())})") from None
-                sources.append(SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed))
-            else:
-                sources.append(item)
-    else:
-        sources = [SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed)
-                   for m in suite_models(include_slow=not args.quick)]
-        if shapes:
-            raise UsageError("--shape needs a MODEL.onnx (the built-in suite pins its own shapes)")
+    if shapes and not args.models:
+        raise UsageError("--shape needs a MODEL.onnx (the built-in suite pins its own shapes)")
+    sources = _sources(args)
     if args.inputs and len(sources) != 1:
         raise UsageError("--inputs FILE.npz applies to exactly one model")
 
@@ -235,13 +220,24 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
     console.print(table)
 
 
+def _suite_dims(m: Any, args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
+    dims = dict(m.default_dims)
+    for item in args.dim:
+        name, _, value = item.partition("=")
+        if not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--dim {item!r}: expected NAME=N with N >= 1")
+        if name in dims:
+            dims[name] = int(value)
+    return tuple(sorted(dims.items()))
+
+
 def _sources(args: argparse.Namespace) -> list[Any]:
     from suites.models import get_model, suite_models
 
     from .core import SuiteSpec
 
     if not args.models:
-        return [SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=getattr(args, "seed", 0))
+        return [SuiteSpec(m.name, _suite_dims(m, args), seed=getattr(args, "seed", 0))
                 for m in suite_models(include_slow=not args.quick)]
     sources: list[Any] = []
     for item in args.models:
@@ -251,7 +247,7 @@ def _sources(args: argparse.Namespace) -> list[Any]:
             except KeyError:
                 raise UsageError(f"{item}: no such file, and not a built-in suite model "
                                  f"({', '.join(s.name for s in suite_models())})") from None
-            sources.append(SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=getattr(args, "seed", 0)))
+            sources.append(SuiteSpec(m.name, _suite_dims(m, args), seed=getattr(args, "seed", 0)))
         else:
             sources.append(item)
     return sources
