@@ -25,6 +25,7 @@ from verify.baselines import (
     cpu_class_id,
     from_pytest_benchmark,
     fusion_label,
+    host_cpu_class,
     load_baselines,
     make_key,
     model_of,
@@ -66,6 +67,9 @@ def test_cpu_class_ids_are_valid_arches() -> None:
     doc = document()
     doc["arch"] = cpu_class_id("skylake-avx512", 2)
     validate_document(doc, "baselines/cpu-skylake-avx512-2c.json")
+    doc["arch"] = host_cpu_class()  # this machine, via TVM's LLVM host CPU name
+    assert doc["arch"].startswith("cpu-") and doc["arch"].endswith("c")
+    validate_document(doc, f"baselines/{doc['arch']}.json")
 
 
 def test_keys_are_stable_and_readable() -> None:
@@ -148,7 +152,8 @@ AT = f"baselines/sm_80.json: entry '{KEY}': "
     (_set("median_ms", 9.0), AT + "median_ms 9.0 lies outside its samples"),
     (_set("reference_median_ms", 0), AT + "reference_median_ms must be a positive number, got 0"),
     (_set("normalised", 0.5), AT + "normalised must equal median_ms / reference_median_ms"),
-    (_set("reference_samples_ms", "fast"), AT + 'reference_samples_ms must be a list of 1..50 positive numbers, got "fast"'),
+    (_set("reference_samples_ms", "fast"),
+     AT + 'reference_samples_ms must be a list of 1..50 positive numbers, got "fast"'),
     (_set("median_m", 2.0), AT + "unknown field 'median_m'"),
     (_set("iqr_ms", DELETE), AT + "missing field 'iqr_ms'"),
     (_set("metadata", "A100"), AT + 'metadata must be an object, got "A100"'),
@@ -156,8 +161,10 @@ AT = f"baselines/sm_80.json: entry '{KEY}': "
     (_set("metadata.cuda", 12.4), AT + "metadata.cuda must be a non-empty string or null, got 12.4"),
     (_set("metadata.date", "yesterday"), AT + 'metadata.date must be an ISO 8601 date-time, got "yesterday"'),
     (_set("metadata.threads", 0), AT + "metadata.threads must be a positive integer or null, got 0"),
-    (_set("metadata.git_commit", "HEAD"), AT + 'metadata.git_commit must be 7-40 lowercase hex digits or null, got "HEAD"'),
-    (_set("metadata.reference_kind", None), AT + "metadata.reference_kind must be set exactly when reference_median_ms is"),
+    (_set("metadata.git_commit", "HEAD"),
+     AT + 'metadata.git_commit must be 7-40 lowercase hex digits or null, got "HEAD"'),
+    (_set("metadata.reference_kind", None),
+     AT + "metadata.reference_kind must be set exactly when reference_median_ms is"),
     (_set("metadata.tvm_version", DELETE), AT + "metadata is missing 'tvm_version'"),
     (_set("metadata.gpu", "x"), AT + "metadata has unknown field 'gpu'"),
 ])

@@ -38,7 +38,6 @@ SCHEMA_VERSION = 1
 MAX_SAMPLES = 50
 """Samples kept per entry: enough for MWU/KS to resolve a 1-IQR shift (Pinpoint: ~35), small enough to review."""
 
-GPU_ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90")
 _ARCH_RE = re.compile(r"^(sm_\d{2,3}[a-z]?|cpu-[a-z0-9][a-z0-9_.+]*(-[a-z0-9_.+]+)*-\d+c)$")
 _MCPU_RE = re.compile(r"^[a-z0-9][a-z0-9_.+-]*$")
 _HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
@@ -59,7 +58,8 @@ def cpu_class_id(mcpu: str, cores: int) -> str:
     """Baseline file stem for a CPU run, e.g. ``cpu-znver1-2c``: LLVM's -mcpu name plus usable cores."""
     name = mcpu.strip().lower()
     if not _MCPU_RE.match(name):
-        raise UsageError(f"cpu_class_id: mcpu must be an LLVM CPU name like 'znver4' or 'skylake-avx512', got {mcpu!r}")
+        raise UsageError(f"cpu_class_id: mcpu must be an LLVM CPU name like 'znver4' or 'skylake-avx512', "
+                         f"got {mcpu!r}")
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise UsageError(f"cpu_class_id: cores must be a positive integer, got {cores!r}")
     return f"cpu-{name}-{cores}c"
@@ -228,7 +228,8 @@ class Entry:
         ref = raw.get("reference_samples_ms")
         return cls(median_ms=float(raw["median_ms"]), iqr_ms=float(raw["iqr_ms"]), n=int(raw["n"]),
                    samples_ms=tuple(float(v) for v in raw["samples_ms"]),
-                   reference_median_ms=None if raw["reference_median_ms"] is None else float(raw["reference_median_ms"]),
+                   reference_median_ms=None if raw["reference_median_ms"] is None
+                   else float(raw["reference_median_ms"]),
                    normalised=None if raw["normalised"] is None else float(raw["normalised"]),
                    metadata=Metadata(**{k: raw["metadata"][k] for k in _META_FIELDS}),
                    reference_samples_ms=None if ref is None else tuple(float(v) for v in ref))
@@ -335,7 +336,8 @@ def _check_entry(key: Any, entry: Any, problems: list[str], where: str) -> None:
     threads = meta.get("threads")
     if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
         problems.append(f"{at}: metadata.threads must be a positive integer or null, got {_show(threads)}")
-    if "reference_kind" in meta and "reference_median_ms" in entry and (meta["reference_kind"] is None) != (ref is None):
+    kind_given = "reference_kind" in meta and "reference_median_ms" in entry
+    if kind_given and (meta["reference_kind"] is None) != (ref is None):
         problems.append(f"{at}: metadata.reference_kind must be set exactly when reference_median_ms is, "
                         f"got {_show(meta['reference_kind'])} with reference_median_ms {_show(ref)}")
 

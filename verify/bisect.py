@@ -436,10 +436,11 @@ class _Bisector:
 
         culprits: list[Culprit] = []
         if not res.unfused_vs_reference:
-            lowering = self._lowering_culprit(unfused, u2onnx, reference)
-            if lowering is None:
+            lowering = None if self.strategy == "onnx-order" else self._lowering_culprit(unfused, u2onnx, reference)
+            if lowering is None and self.strategy != "onnx-order":
                 res.notes.append("no unfused intermediate that maps to an ONNX tensor drifts; bisecting the ONNX "
                                  "graph in node order")
+            if lowering is None:
                 lowering = self._onnx_order_culprit(reference)
             if lowering is not None:
                 culprits.append(lowering)
@@ -704,8 +705,6 @@ def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     user = load_npz(inputs) if isinstance(inputs, (str, Path)) else (dict(inputs) if inputs is not None else None)
     feed = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
     bisector = _Bisector(loaded, options, feed, tolerances, Path(out_dir), confirm, strategy)
-    if strategy == "onnx-order":
-        bisector.onnx_tensors = lambda manifest: dict(zip(manifest.params, loaded.input_shapes))  # type: ignore[method-assign]
     return bisector.run()
 
 

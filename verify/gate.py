@@ -8,10 +8,11 @@ and an unclear result buys more samples, up to a budget, instead of guessing.
 Decision, with r the ratio of medians candidate/baseline and [lo, hi] its bootstrap confidence interval:
 
 * significant (p < alpha), lo > 1 and hi >= factor -> ``slower``: a slowdown is real (both the test
-  and the interval say so) and one of at least ``factor`` is within the interval. When r itself is still below the factor the gate first buys
-  more samples (the interval narrows and a small real slowdown drops out as ``same``); at the budget it
-  reports ``slower``, because a gate that needs r >= factor would miss a slowdown of exactly the factor
-  half the time. ``faster`` is the mirror image, with a hint to update the baseline.
+  and the interval say so) and one of at least ``factor`` is within the interval. When r itself is
+  still below the factor the gate first buys more samples (the interval narrows, and a small real
+  slowdown drops out as ``same``); at the budget it reports ``slower``, because a gate that needs
+  r >= factor would miss a slowdown of exactly the factor half the time. ``faster`` is the mirror
+  image, with a hint to update the baseline.
 * the interval lies inside [1/factor, factor] -> ``same``, even when significant (a real 3% shift under
   a 10% factor).
 * otherwise more samples; at the budget p >= same_p -> ``same``, else ``inconclusive`` (this includes
@@ -20,7 +21,7 @@ Decision, with r the ratio of medians candidate/baseline and [lo, hi] its bootst
 
 The interval is widened by ``baseline_drift`` (1%) each way: a stored baseline also carries the state
 of the machine on the day it was recorded, which no resampling of that day's samples can see (measured
-here: the normalised median of an unchanged model moves by 0.2-1.5% between recordings). Without the
+here: the normalised median of an unchanged model moved by 0.2-1.2% between recordings). Without the
 allowance a slowdown of exactly the factor is missed whenever the baseline happens to be high.
 
 Candidate and baseline are compared as NORMALISED samples (each latency / the median of the reference,
@@ -354,6 +355,8 @@ class Gate:
         return self.overrides.get(key) or self.overrides.get(model_of(key)) or self.default
 
     def check(self, key: str, candidate: Measurement | Samples | Sequence[float],
-              baselines: BaselineFile | Entry | None, *, more: MoreFn | None = None, name: str | None = None) -> GateResult:
+              baselines: BaselineFile | Entry | None, *, more: MoreFn | None = None,
+              name: str | None = None) -> GateResult:
+        """Gate ``key`` with its policy; ``baselines`` is the arch's file (looked up) or the entry itself."""
         entry = baselines.lookup(key) if isinstance(baselines, BaselineFile) else baselines
         return compare(name or key, candidate, entry, policy=self.policy_for(key), more=more)

@@ -1,0 +1,71 @@
+"""The fuseguard CLI, run as a user runs it: a real subprocess, exit codes, one-line errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = Path(__file__).resolve().parent / "plugins" / "wrong_relu.py"
+
+
+def fuseguard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "verify.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_verify_suite_model_passes_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    proc = fuseguard("verify", "conv_bn_relu", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS" in proc.stdout
+    data = json.loads(out.read_text())
+    (model,) = data["models"]
+    assert model["status"] == "PASS"
+    assert model["fused"]["compare"]["outputs"]["y"]["passed"] is True
+    assert model["fused"]["report"]["groups"][0]["pattern"] == "conv2d_bias_act"
+
+
+def test_wrong_fusion_exits_1_and_names_the_fused_side() -> None:
+    proc = fuseguard("verify", "conv_bn_relu", "--plugin", str(PLUGIN))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "mismatch: conv_bn_relu" in proc.stderr and "fused" in proc.stderr
+    assert "unfused vs ONNX Runtime" not in proc.stderr      # the unfused build stays right
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_fusion_makes_the_wrong_fusion_disappear() -> None:
+    proc = fuseguard("verify", "conv_bn_relu", "--plugin", str(PLUGIN), "--no-fusion")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["verify", "no_such_model"], "not a built-in suite model"),
+    (["verify", "conv_bn_relu", "--disable-pattern", "nope"], "unknown pattern"),
+    (["verify", "conv_bn_relu", "--gpu-arch", "ampere"], "sm_XX"),
+    (["verify", "--bogus-flag"], "unrecognized arguments"),
+    (["verify", "conv_bn_relu", "--plugin", "no_such_module_xyz"], "cannot import"),
+])
+def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    proc = fuseguard(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fuseguard: error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_gpu_arch_compiles_without_a_device() -> None:
+    proc = fuseguard("verify", "mlp_gelu", "--gpu-arch", "sm_80")
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device" in proc.stdout
+
+
+def test_patterns_lists_the_table() -> None:
+    proc = fuseguard("patterns")
+    assert proc.returncode == 0
+    for name in ("conv2d_bias_act", "matmul_bias_gelu", "attention", "layernorm", "softmax"):
+        assert name in proc.stdout
