@@ -229,15 +229,18 @@ class Alignment:
     """Fused capture key -> unfused capture key (or a model input name), and how each was found."""
 
     mapping: dict[str, str] = field(default_factory=dict)
-    how: dict[str, str] = field(default_factory=dict)          # "name" | "output" | "structure"
+    how: dict[str, str] = field(default_factory=dict)          # "name" | "output" | "anchor" | "structure"
     members: dict[str, list[str]] = field(default_factory=dict)  # fused key -> unfused keys it fuses
     unmapped: list[str] = field(default_factory=list)
 
 
-def align(fused: CaptureManifest, unfused: CaptureManifest, *, max_group: int = 64) -> Alignment:
+def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[str, str] | None = None,
+          max_group: int = 64) -> Alignment:
     """Map every fused kernel output to the unfused tensor holding the same value.
 
-    Provenance names first (single-operator kernels and model outputs); then, for fused groups,
+    Provenance names first (single-operator kernels and model outputs), then `anchors` (fused key ->
+    unfused name, e.g. a pattern group's output var recorded by the cost model before fusion); then, for
+    the remaining fused groups,
     the unfused subgraph ending at a candidate tensor whose inputs are exactly the group's inputs
     (already mapped, in execution order), whose weights are the group's weights and whose TIR
     block count adds up to the group's. Names inside deduplicated fused functions are shared by
@@ -259,6 +262,10 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, max_group: int = 
             target = ukeys[f.key]
             if target.shape == f.shape and target.dtype == f.dtype:
                 m[f.key], result.how[f.key] = target.key, "name"
+        elif anchors and anchors.get(f.key) in ukeys:
+            target = ukeys[anchors[f.key]]
+            if target.shape == f.shape and target.dtype == f.dtype:
+                m[f.key], result.how[f.key] = target.key, "anchor"
         inputs = [m.get(v) for v in f.input_vars]
         if f.key in m:
             closure = None

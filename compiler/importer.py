@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
 from .errors import ModelError, UnsupportedOperatorError
-from .onnx_loader import LoadedModel
+from .onnx_loader import LoadedModel, error_line
 
 _TAG = re.compile(r"^n(\d+(?:\+\d+)*)(?:_|$)")
 
@@ -162,8 +162,8 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> Impo
             if importer.current is not None:
                 name, op = importer.current
                 raise FrontendError(f"{label}: TVM's ONNX frontend cannot convert node '{name}' ({op}): "
-                                    f"{_one_line(err)}") from err
-            raise FrontendError(f"{label}: TVM's ONNX frontend cannot import this model: {_one_line(err)}") from err
+                                    f"{error_line(err)}") from err
+            raise FrontendError(f"{label}: TVM's ONNX frontend cannot import this model: {error_line(err)}") from err
     return ImportResult(mod=mod, node_names=[n.name for n in model.graph.node],
                         node_ops=[n.op_type for n in model.graph.node], prepared=False)
 
@@ -209,7 +209,7 @@ def import_model(loaded: LoadedModel) -> ImportResult:
             prepared = fold_shape_computations(loaded.model)
         except Exception as err:
             raise FrontendError(f"{first} (folding shape computations with ONNX Runtime to retry also "
-                                f"failed: {_one_line(err)}){loaded.shape_hint()}") from first
+                                f"failed: {error_line(err)}){loaded.shape_hint()}") from first
         check_supported(prepared, label)
         try:
             result = _raw_import(prepared, loaded, label)
@@ -218,15 +218,6 @@ def import_model(loaded: LoadedModel) -> ImportResult:
                                 f"{loaded.shape_hint()}") from second
         result.prepared = True
         return result
-
-
-def _one_line(err: BaseException) -> str:
-    """`Type: message` on one line; TVM errors carry a C++ backtrace, whose last line is the message."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    msg = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", lines[-1]) if lines else ""
-    if msg.startswith(f"{type(err).__name__}: "):
-        msg = msg[len(type(err).__name__) + 2:]
-    return f"{type(err).__name__}: {msg}"[:300] if msg else type(err).__name__
 
 
 def provenance_of(var_names: list[str], result: ImportResult) -> list[str]:

@@ -343,6 +343,21 @@ def _check_graph(model: onnx.ModelProto, label: str) -> None:
         raise ModelError(f"{label}: fails onnx.checker: {_one_line(str(err)) or type(err).__name__}") from None
 
 
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """`Type: message` on one line, for wrapping a library's exception into a FuseguardError.
+
+    TVM errors carry a C++ backtrace whose last line is the message; ONNX Runtime prefixes
+    "[ONNXRuntimeError] : 1 : FAIL : ", which says nothing to a user.
+    """
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    msg = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", lines[-1]) if lines else ""
+    name = type(err).__name__
+    if msg.startswith(f"{name}: "):
+        msg = msg[len(name) + 2:]
+    text = f"{name}: {msg}" if msg else name
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _one_line(text: str, limit: int = 400) -> str:
     """Checker and onnx errors span lines ("... of node:\\nname: conv OpType: Conv\\n ..."): keep them all."""
     flat = re.sub(r"\s+", " ", text).strip()

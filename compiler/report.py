@@ -82,7 +82,7 @@ def op_name(call: relax.Call, mod: tvm.IRModule) -> str | None:
     if isinstance(call.op, tvm.ir.Op):
         if call.op.name in ("relax.call_tir", "relax.call_tir_inplace"):
             gv = call.args[0]
-            return _SUFFIX.sub("", gv.name_hint).rstrip("_") if isinstance(gv, relax.GlobalVar) else "call_tir"
+            return _SUFFIX.sub("", gv.name_hint).rstrip("_").removeprefix("tir_") if isinstance(gv, relax.GlobalVar) else "call_tir"
         return call.op.name.removeprefix("relax.").removeprefix("nn.")
     return None
 

@@ -318,6 +318,10 @@ def _extract(model: "onnx.ModelProto", inputs: Sequence[str], outputs: Sequence[
     import onnx
     import onnx.utils
 
+    try:
+        model = onnx.shape_inference.infer_shapes(model)  # the extractor types cut tensors from value_info
+    except Exception:
+        pass
     extractor = onnx.utils.Extractor(model)
     inputs = list(dict.fromkeys(inputs))
     for _ in range(8):
@@ -333,6 +337,29 @@ def _extract(model: "onnx.ModelProto", inputs: Sequence[str], outputs: Sequence[
 
 
 # ----------------------------------------------------------------------------- the bisector
+
+
+def _anchors(build: "_Build") -> dict[str, str]:
+    """Fused capture key -> the pattern group's output var before fusion (the cost model's anchor).
+
+    Report groups and kernels are both in call order, so the i-th group of a function is its i-th call.
+    """
+    from compiler.capture import node_index
+
+    calls: dict[str, list[str]] = {}
+    for k in build.manifest.kernels:
+        if k.tuple_index in (None, 0):
+            calls.setdefault(k.function, []).append(k.key)
+    seen: dict[str, int] = {}
+    out: dict[str, str] = {}
+    for g in build.compiled.report.groups:
+        i = seen.get(g.function, 0)
+        seen[g.function] = i + 1
+        keys = calls.get(g.function, [])
+        if g.pattern != "generic" and i < len(keys) and node_index(g.output_var) is not None:
+            out[keys[i]] = g.output_var
+    return out
+
 
 
 @dataclass
@@ -427,7 +454,7 @@ class _Bisector:
         res.unfused_vs_reference = compare_outputs(dict(zip(names, unfused.outputs)),
                                                    {n: reference[n] for n in names}, tolerances=self.tolerances)
         start = time.perf_counter()
-        alignment = align(fused.manifest, unfused.manifest)
+        alignment = align(fused.manifest, unfused.manifest, anchors=_anchors(fused))
         self._timed("align", start)
         res.unmapped = list(alignment.unmapped)
         if res.fused_vs_reference and res.unfused_vs_reference:

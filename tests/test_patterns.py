@@ -1,0 +1,90 @@
+"""The pattern table on the model families that contain each pattern: structure, provenance, decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler import pipeline
+from compiler.pipeline import CompileOptions, compile_model
+from suites.models import get_model
+
+
+def build(name: str, **opts):
+    return compile_model(get_model(name).make({}, seed=0), options=CompileOptions(**opts))
+
+
+def test_attention_becomes_the_tiled_kernel_and_matches() -> None:
+    from verify.core import SuiteSpec, verify_model
+
+    verdict = verify_model(SuiteSpec("bert_encoder", (("seq", 16),)))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    groups = [g for g in verdict.fused.report["groups"] if g["pattern"] == "attention"]
+    assert len(groups) == 1
+    assert groups[0]["function"].startswith("fused_attention")
+    assert groups[0]["ops"] == ["matmul", "multiply", "add", "softmax", "matmul"]
+    assert {"MatMul", "Mul", "Add", "Softmax"} <= {n.split("_")[0] for n in groups[0]["onnx_nodes"]} or \
+        len(groups[0]["onnx_nodes"]) >= 4
+
+
+def test_decomposed_layernorm_is_recognised_with_all_its_nodes() -> None:
+    model = get_model("softmax_layernorm").make({}, seed=0)
+    b = compile_model(model, options=CompileOptions())
+    ln = [g for g in b.report.groups if g.pattern == "layernorm"]
+    assert len(ln) == 1
+    ops = {n.name: n.op_type for n in model.graph.node}
+    covered = {ops[n] for n in ln[0].onnx_nodes}
+    assert {"ReduceMean", "Sub", "Pow", "Sqrt", "Div", "Mul", "Add"} <= covered
+    # The LayerNormalization op on the other branch is one kernel already: not fused, and said so.
+    lone = [d for d in b.report.decisions if d.pattern == "layernorm" and not d.fused]
+    assert lone and "already one kernel" in lone[0].reason
+
+
+def test_disabling_layernorm_keeps_the_decomposition() -> None:
+    b = build("softmax_layernorm", disabled_patterns=frozenset({"layernorm"}))
+    assert b.report.count("layernorm") == 0
+
+
+def test_bias_residual_layernorm_in_the_encoder() -> None:
+    b = build("bert_encoder")
+    ln = [g for g in b.report.groups if g.pattern == "layernorm"]
+    assert len(ln) == 2 and all(g.ops[-1] == "layer_norm" and g.ops.count("add") == 2 for g in ln)
+
+
+def test_softmax_takes_scale_and_mask_when_attention_is_off() -> None:
+    b = build("attention_masked", disabled_patterns=frozenset({"attention"}))
+    sm = [g for g in b.report.groups if g.pattern == "softmax"]
+    assert len(sm) == 1 and sm[0].ops == ["multiply", "add", "softmax"]
+
+
+@pytest.mark.parametrize("name, activation", [("pattern_conv_silu", "sigmoid"),
+                                               ("pattern_conv_leaky_relu", "leaky_relu")])
+def test_conv_activation_variants(name: str, activation: str) -> None:
+    b = build(name)
+    groups = [g for g in b.report.groups if g.pattern == "conv2d_bias_act"]
+    assert len(groups) == 1 and groups[0].ops[0] == "conv2d" and activation in groups[0].ops
+
+
+def test_memory_traffic_report() -> None:
+    fused, unfused = build("conv_bn_relu"), build("conv_bn_relu", fusion=False)
+    for b in (fused, unfused):
+        assert 0 < b.report.min_traffic_bytes < b.report.traffic_bytes
+    assert fused.report.min_traffic_bytes == unfused.report.min_traffic_bytes
+    assert fused.report.traffic_bytes < unfused.report.traffic_bytes
+
+
+def test_unschedulable_fused_group_is_vetoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the scheduler leaves a pattern group's kernel alone, the group is unfused with that reason."""
+    real = pipeline._schedule
+
+    def schedule_leaving_convs_alone(mod, spec, target, options):
+        mod, left = real(mod, spec, target, options)
+        for gv in mod.get_global_vars():
+            if "conv2d" in gv.name_hint and "relu" in gv.name_hint:
+                left[gv.name_hint] = "no rule matched"
+        return mod, left
+
+    monkeypatch.setattr(pipeline, "_schedule", schedule_leaving_convs_alone)
+    b = build("conv_bn_relu")
+    conv = [d for d in b.report.decisions if d.pattern == "conv2d_bias_act"]
+    assert conv and all(not d.fused and "no cpu" in d.reason and "schedule" in d.reason for d in conv)
+    assert b.report.count("conv2d_bias_act") == 0
