@@ -169,8 +169,11 @@ def generated_source(executable: Any, kind: str = "cuda") -> str:
 
 def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decision],
                      vetoed: dict[tuple[str, tuple[str, ...]], str]) -> list[relax.transform.FusionPattern]:
+    """FusionPatterns whose check asks the cost model, and that stamp each composite function with the id
+    of the decision that made it (`fuseguard.decision`), so the report can name why every group exists."""
     out = []
-    seen: set[tuple[str, str]] = set()
+    seen: dict[tuple[str, str], int] = {}
+    by_root: dict[relax.Expr, int] = {}
     for rule in patterns.rules():
         disabled = rule.name in options.disabled_patterns
         for variant, pat, ann in rule.variants():
@@ -183,13 +186,19 @@ def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decis
                                        disabled_why=veto or f"pattern '{rule.name}' disabled by the user (--disable-pattern)")
                 key = (rule.name, decision.anchor)
                 if key not in seen:
-                    seen.add(key)
+                    seen[key] = len(log)
                     log.append(decision)
                 elif decision.fused:
-                    log[:] = [d for d in log if (d.pattern, d.anchor) != key] + [decision]
+                    log[seen[key]] = decision
+                if "root" in ctx.annotated_expr:
+                    by_root[ctx.annotated_expr["root"]] = seen[key]
                 return decision.fused
 
-            out.append(relax.transform.FusionPattern(f"fuseguard.{rule.name}", pat, ann, check))
+            def attrs(annotated: dict, by_root=by_root) -> dict[str, str]:
+                index = by_root.get(annotated.get("root")) if "root" in annotated else None
+                return {"fuseguard.decision": str(index)} if index is not None else {}
+
+            out.append(relax.transform.FusionPattern(f"fuseguard.{rule.name}", pat, ann, check, attrs))
     return out
 
 
@@ -303,9 +312,10 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     with target:
         mod, left_alone = _schedule(mod, spec, target, options)
     rep.stage_s["schedule"] = time.perf_counter() - start
-    unscheduled = [(links[g.function], left_alone[g.function]) for g in rep.groups
-                   if g.pattern != "generic" and g.function in left_alone and g.function in links
-                   and left_alone[g.function] != "already scheduled"]
+    report.attach_kernels(mod, rep.groups)
+    unscheduled = [(links[g.function], left_alone[g.kernel]) for g in rep.groups
+                   if g.pattern != "generic" and g.kernel in left_alone and g.function in links
+                   and left_alone[g.kernel] != "already scheduled"]
 
     finalize = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(),
                 T.StaticPlanBlockMemory()]

@@ -23,6 +23,8 @@ class FusedGroup:
     output_var: str = ""
     predicted_us: float = 0.0     # the cost model's predicted saving for this group (0 for generic groups)
     bytes_saved: int = 0
+    kernel: str = ""              # the PrimFunc it became (FuseTIR may share one between identical groups)
+    call_var: str = ""            # the var `main` binds the group's result to (stable through FuseTIR)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,6 +174,20 @@ def memory_traffic(mod: tvm.IRModule) -> tuple[int, int]:
     return total, ins + sum(n for _, n in weights) + outs
 
 
+def attach_kernels(mod: tvm.IRModule, groups: list[FusedGroup]) -> None:
+    """After FuseTIR: record which PrimFunc each group's call became (by the var `main` binds it to)."""
+    callee: dict[str, str] = {}
+    main = mod["main"]
+    if isinstance(main.body, relax.SeqExpr):
+        for block in main.body.blocks:
+            for binding in block.bindings:
+                v = binding.value
+                if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+                    callee[binding.var.name] = v.args[0].name_hint
+    for g in groups:
+        g.kernel = callee.get(g.call_var, g.kernel or g.function)
+
+
 def count_ops(mod: tvm.IRModule) -> int:
     count = 0
 
@@ -194,14 +210,21 @@ _TAGGED = re.compile(r"^n\d+(?:\+\d+)*_")
 def link_decisions(mod: tvm.IRModule, decisions: list[Decision]) -> dict[str, Decision]:
     """Right after pattern fusion: composite function name -> the decision that made it.
 
-    Matched by the pattern and by the names of the vars the call reads, which are still the original
-    bindings of `main` at this point (FuseOps later renames).
+    Each composite function carries `fuseguard.decision`, the index its check stamped on it; the
+    call's input names are the fallback for composites made without that stamp.
     """
     links: dict[str, Decision] = {}
     fused = [d for d in decisions if d.fused]
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or func.attrs is None or "Composite" not in func.attrs:
+            continue
+        if "fuseguard.decision" in func.attrs:
+            index = int(str(func.attrs["fuseguard.decision"]))
+            if 0 <= index < len(decisions):
+                links[gv.name_hint] = decisions[index]
 
     def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, relax.GlobalVar):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, relax.GlobalVar) and expr.op.name_hint not in links:
             func = mod[expr.op]
             if not isinstance(func, relax.Function) or func.attrs is None or "Composite" not in func.attrs:
                 return
@@ -244,7 +267,8 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                                              ops=list(decision.ops), onnx_nodes=decision.onnx_nodes,
                                              reason=decision.reason + "; hand-written tiled kernel",
                                              output_var=decision.anchor, predicted_us=decision.predicted_us,
-                                             bytes_saved=decision.bytes_saved))
+                                             bytes_saved=decision.bytes_saved, kernel=value.args[0].name_hint,
+                                             call_var=binding.var.name))
                     continue
                 if not (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)):
                     continue
@@ -270,7 +294,7 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                     continue
                 groups.append(FusedGroup(function=value.op.name_hint, pattern=pattern, ops=ops, onnx_nodes=nodes,
                                          reason=reason, output_var=anchor or binding.var.name,
-                                         predicted_us=predicted, bytes_saved=saved))
+                                         predicted_us=predicted, bytes_saved=saved, call_var=binding.var.name))
 
     if isinstance(main.body, relax.SeqExpr):
         visit_seq(main.body)

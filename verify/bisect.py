@@ -342,7 +342,8 @@ def _extract(model: "onnx.ModelProto", inputs: Sequence[str], outputs: Sequence[
 def _anchors(build: "_Build") -> dict[str, str]:
     """Fused capture key -> the pattern group's output var before fusion (the cost model's anchor).
 
-    Report groups and kernels are both in call order, so the i-th group of a function is its i-th call.
+    Only for functions called once: FuseOps/FuseTIR merge structurally identical groups into one
+    function, and the report then repeats that function's first anchor for every call.
     """
     from compiler.capture import node_index
 
@@ -356,7 +357,7 @@ def _anchors(build: "_Build") -> dict[str, str]:
         i = seen.get(g.function, 0)
         seen[g.function] = i + 1
         keys = calls.get(g.function, [])
-        if g.pattern != "generic" and i < len(keys) and node_index(g.output_var) is not None:
+        if g.pattern != "generic" and len(keys) == 1 and i == 0 and node_index(g.output_var) is not None:
             out[keys[i]] = g.output_var
     return out
 
