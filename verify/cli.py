@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     v.add_argument("--atol", type=float, default=None, help="absolute tolerance for float outputs")
     v.add_argument("--rtol", type=float, default=None, help="relative tolerance for float outputs")
+    v.add_argument("--output-tol", action="append", default=[], metavar="NAME=ATOL[,RTOL]",
+                   help="tolerance for one output, e.g. logits=1e-3,1e-3 (repeatable)")
     v.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     v.add_argument("--report", action="store_true", help="print each build's fusion report")
     v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
@@ -112,6 +114,17 @@ def _verify(args: argparse.Namespace) -> int:
     if shapes and not args.models:
         raise UsageError("--shape needs a MODEL.onnx (the built-in suite pins its own shapes)")
     sources = _sources(args)
+    per_output = {}
+    for item in args.output_tol:
+        out_name, _, values = item.rpartition("=")
+        try:
+            parts = [float(v) for v in values.split(",")]
+            if not out_name or not 1 <= len(parts) <= 2:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--output-tol {item!r}: expected NAME=ATOL[,RTOL]") from None
+        per_output[out_name] = Tolerance(atol=parts[0], rtol=parts[1] if len(parts) > 1 else parts[0])
+    per_output = per_output or None
     if args.inputs and len(sources) != 1:
         raise UsageError("--inputs FILE.npz applies to exactly one model")
 
@@ -121,7 +134,8 @@ def _verify(args: argparse.Namespace) -> int:
         for source in sources:
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             kwargs = dict(shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options,
-                          seed=args.seed, inputs_file=args.inputs, tolerances=tolerances)
+                          seed=args.seed, inputs_file=args.inputs, tolerances=tolerances, per_output=per_output,
+                          default_dim=args.default_dim)
             try:
                 verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
             except FuseguardError as err:

@@ -155,14 +155,14 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
 def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: Mapping[str, Sequence[int]] | None = None,
                  options: CompileOptions = CompileOptions(), seed: int = 0, inputs_file: str | None = None,
                  tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,
-                 name: str | None = None) -> ModelVerdict:
+                 name: str | None = None, default_dim: int = 1) -> ModelVerdict:
     """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare."""
     load_env_plugins()
     if isinstance(source, SuiteSpec):
         name = name or source.label
         seed = source.seed if seed == 0 else seed
         source = source.build()
-    loaded = load(source, shapes, name=name)
+    loaded = load(source, shapes, name=name, default_dim=default_dim)
     spec = resolve(options.gpu_arch, options.mcpu)
     user = load_npz(inputs_file) if inputs_file else None
     inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
