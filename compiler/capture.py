@@ -270,7 +270,7 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
         if f.key in m:
             closure = None
             if all(i is not None for i in inputs):
-                closure = _closure(ukeys[m[f.key]], ukeys, set(inputs), set(unfused.params), max_group)  # type: ignore[arg-type]
+                closure = upstream(ukeys[m[f.key]], ukeys, set(inputs), set(unfused.params), max_group)  # type: ignore[arg-type]
             result.members[f.key] = sorted(closure[0], key=lambda k: order[k]) if closure else [m[f.key]]
             used.add(m[f.key])
             continue
@@ -283,7 +283,7 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
         for u in unfused.kernels:
             if u.index <= after or u.shape != f.shape or u.dtype != f.dtype:
                 continue
-            closure = _closure(u, ukeys, want_inputs, set(unfused.params), max_group)
+            closure = upstream(u, ukeys, want_inputs, set(unfused.params), max_group)
             if closure is None:
                 continue
             members, leaves = closure
@@ -304,7 +304,7 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
     return result
 
 
-def _closure(root: CapturedKernel, ukeys: Mapping[str, CapturedKernel], stop: set[str], params: set[str],
+def upstream(root: CapturedKernel, ukeys: Mapping[str, CapturedKernel], stop: set[str], params: set[str],
              limit: int) -> tuple[list[str], set[str]] | None:
     """Unfused kernels from ``root`` back to the ``stop`` tensors: (members, stop tensors reached)."""
     members: list[str] = []

@@ -296,24 +296,34 @@ def run_all(root: Path, jobs: int = 4) -> list[CliResult]:
         return list(pool.map(lambda pair: run_cli(*pair), corpus))
 
 
+DOC_ROOT = "/tmp/corpus"  # the temp folder, as the docs show it
+TABLE_START, TABLE_END = "<!-- table:start -->", "<!-- table:end -->"
+
+
 def markdown_table(results: Sequence[CliResult], root: Path) -> str:
-    """The docs table: each input, its exit code and the exact stderr, with the temp folder elided."""
-    rows = ["| input | command | exit | message (stderr) |", "| --- | --- | --- | --- |"]
+    """The docs table: each input, its command, exit code and exact stderr, with the temp folder renamed."""
+    rows = ["| input | command | exit | stderr |", "| --- | --- | --- | --- |"]
     for r in results:
-        tail = " ".join(r.argv[5:]).replace(str(r.folder), "corpus/" + r.case.name)
-        cmd = f"`fuseguard verify corpus/{r.case.name}/{r.case.model}{' ' + tail if tail else ''}`"
-        text = "<br>".join(r.lines).replace(str(root), "corpus").replace("|", "\\|")
-        rows.append(f"| {r.case.what} | {cmd} | {r.returncode} | `{text}` |" if text
-                    else f"| {r.case.what} | {cmd} | {r.returncode} | (none) |")
+        args = " ".join(r.argv[4:]).replace(str(root), DOC_ROOT)
+        text = "<br>".join(f"`{line}`" for line in r.lines).replace(str(root), DOC_ROOT).replace("|", "\\|")
+        rows.append(f"| {r.case.what} | `fuseguard verify {args}` | {r.returncode} | {text or '(nothing)'} |")
     return "\n".join(rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the docs/bad-inputs.md table from a fresh corpus and the real CLI."""
+    """Print the docs/bad-inputs.md table from a fresh corpus and the real CLI, or with
+    `--write FILE` replace the table between the markers in FILE."""
+    args = list(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="fuseguard-bad-") as tmp:
-        root = Path(tmp)
-        results = run_all(root)
-        sys.stdout.write(markdown_table(results, root))
+        table = markdown_table(run_all(Path(tmp)), Path(tmp))
+    if args[:1] == ["--write"] and len(args) == 2:
+        doc = Path(args[1])
+        text = doc.read_text()
+        head, rest = text.split(TABLE_START, 1)
+        _, tail = rest.split(TABLE_END, 1)
+        doc.write_text(f"{head}{TABLE_START}\n{table}{TABLE_END}{tail}")
+    else:
+        sys.stdout.write(table)
     return 0
 
 

@@ -504,7 +504,7 @@ class _Bisector:
 
     def _lowering_culprit(self, unfused: _Build, u2onnx: Mapping[str, str],
                           reference: Mapping[str, np.ndarray]) -> Culprit | None:
-        from compiler.capture import _closure
+        from compiler.capture import upstream
 
         agree: set[str] = set(unfused.manifest.params)
         keys = unfused.manifest.by_key()
@@ -517,7 +517,7 @@ class _Bisector:
             if _close(actual, ref, _tol(tensor, ref, self.tolerances)):
                 agree.add(k.key)
                 continue
-            closure = _closure(k, keys, agree, set(unfused.manifest.params), 10_000)
+            closure = upstream(k, keys, agree, set(unfused.manifest.params), 10_000)
             members, leaves = closure if closure else ([k.key], set())
             input_errors: dict[str, float | None] = {}
             for leaf in sorted(leaves):

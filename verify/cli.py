@@ -76,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
 
+    bl = sub.add_parser("baseline", help="per-architecture latency baselines: update, check, import, export")
+    bl.add_argument("action", choices=["update", "check", "show", "import", "export"],
+                    help="update: measure and record; check: gate against the baseline; show: list entries; "
+                         "import/export: pytest-benchmark JSON (--pytest-benchmark FILE)")
+    bl.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (default: latency set)")
+    _add_build_options(bl)
+    bl.add_argument("--baseline-dir", default=None, metavar="DIR", help="default: the repo's baselines/")
+    bl.add_argument("--pytest-benchmark", default=None, metavar="FILE", help="for import/export")
+    bl.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
+
     sub.add_parser("patterns", help="list the fusion patterns")
     return parser
 
@@ -316,6 +326,61 @@ def _bench(args: argparse.Namespace) -> int:
     return worst
 
 
+def _baseline(args: argparse.Namespace) -> int:
+    from compiler.plugins import env_for, load_plugins
+
+    from .baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
+    from .core import SuiteSpec
+    from .latency import BASELINE_DIR, baseline_path, gate_model
+    from .worker import Worker, WorkerFailure
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    path = baseline_path(options, Path(args.baseline_dir) if args.baseline_dir else BASELINE_DIR)
+    if args.action == "show":
+        doc = load_baselines(path)
+        for key in sorted(doc.entries):
+            e = doc.entries[key]
+            norm = f", {e.normalised:.3f}x reference" if e.normalised is not None else ""
+            print(f"{key}: median {e.median_ms:.3f} ms, IQR {e.iqr_ms:.3f} ms, n={e.n}{norm}")
+        print(f"{len(doc)} entries in {path}")
+        return EXIT_OK
+    if args.action in ("import", "export"):
+        if not args.pytest_benchmark:
+            raise UsageError(f"baseline {args.action} needs --pytest-benchmark FILE")
+        if args.action == "export":
+            to_pytest_benchmark(load_baselines(path).entries, args.pytest_benchmark)
+            print(f"wrote {args.pytest_benchmark} from {path}")
+        else:
+            entries = from_pytest_benchmark(args.pytest_benchmark)
+            for key, entry in entries.items():
+                record(path, key, entry)
+            print(f"recorded {len(entries)} entries from {args.pytest_benchmark} into {path}")
+        return EXIT_OK
+    if not args.models:
+        from suites.test_latency import LATENCY_MODELS
+
+        args.models = list(LATENCY_MODELS)
+    worst = EXIT_OK
+    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+        for source in _sources(args):
+            try:
+                result, run, key = gate_model(worker, source, options=options, path=path,
+                                              update=args.action == "update", timeout=args.timeout)
+            except WorkerFailure as err:
+                print(f"fuseguard: error: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            if args.action == "update":
+                print(f"recorded {key} in {path}: median {run.candidate.median_ms:.3f} ms "
+                      f"({run.reference_kind} {run.reference.median_ms:.3f} ms)")
+            else:
+                print(result.line())
+                if result.regressed:
+                    worst = max(worst, EXIT_MISMATCH)
+    return worst
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -330,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"verify": _verify, "bench": _bench, "patterns": _patterns}[args.command]
+    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns}[args.command]
     try:
         return handler(args)
     except FuseguardError as err:

@@ -34,6 +34,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="import a module that registers fusion patterns or passes (repeatable)")
     group.addoption("--fuseguard-timeout", type=float, default=900.0, metavar="S",
                     help="per-model limit for compile + run in the worker (default 900 s)")
+    group.addoption("--update-baselines", action="store_true", default=False,
+                    help="record this run's latencies into baselines/<arch>.json (locked, atomic)")
+    group.addoption("--strict-baselines", action="store_true", default=False,
+                    help="a model with no baseline fails instead of being reported as 'no baseline'")
+    group.addoption("--baseline-dir", default=None, metavar="DIR",
+                    help="where the per-architecture baseline files live (default: the repo's baselines/)")
+    group.addoption("--baseline-candidate", default=None, metavar="DIR",
+                    help="also write this run's entries to DIR/<arch>.json (a candidate baseline, e.g. for CI "
+                         "artifacts)")
+    group.addoption("--gate-config", default=None, metavar="FILE.json",
+                    help='per-model gate overrides, e.g. {"resnet50": {"factor": 1.2}}')
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 
@@ -100,6 +111,52 @@ def verify_model(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
             return verify_in_worker(source, timeout=timeout, worker=fuseguard_worker, **kwargs)
         except WorkerFailure as err:
             pytest.fail(str(err), pytrace=False)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any, gpu_arch: str | None):
+    """gate(source) -> GateResult: time a model against its baseline; fails the test on a real slowdown."""
+    import json
+    import warnings
+
+    from compiler.target import cuda_device_present
+
+    from .gate import Gate, Verdict
+    from .latency import BASELINE_DIR, baseline_path, gate_model
+    from .worker import WorkerFailure
+
+    cfg = request.config
+    directory = Path(cfg.getoption("--baseline-dir") or BASELINE_DIR)
+    path = baseline_path(compile_options, directory)
+    overrides = {}
+    if cfg.getoption("--gate-config"):
+        overrides = json.loads(Path(cfg.getoption("--gate-config")).read_text())
+    gate = Gate.from_config(overrides)
+    candidate = cfg.getoption("--baseline-candidate")
+
+    def run(source: Any):
+        if gpu_arch and not cuda_device_present():
+            pytest.skip(f"no CUDA device: latency of {getattr(source, 'name', source)} on {gpu_arch} needs a GPU")
+        try:
+            result, measured, key = gate_model(fuseguard_worker, source, options=compile_options, path=path,
+                                               update=cfg.getoption("--update-baselines"),
+                                               candidate_dir=Path(candidate) if candidate else None, gate=gate,
+                                               timeout=cfg.getoption("--fuseguard-timeout"))
+        except WorkerFailure as err:
+            pytest.fail(str(err), pytrace=False)
+        line = f"{result.line()} [{path.name}: {key}]"
+        print(line)
+        if result.verdict is Verdict.NO_BASELINE and not cfg.getoption("--update-baselines"):
+            if cfg.getoption("--strict-baselines"):
+                pytest.fail(f"no baseline: {line} (record one with pytest --update-baselines)", pytrace=False)
+            pytest.skip(f"no baseline for {key} in {path} (record one with pytest --update-baselines)")
+        if result.regressed and not cfg.getoption("--update-baselines"):
+            pytest.fail(f"latency regression: {line}", pytrace=False)
+        if result.verdict is Verdict.FASTER:
+            warnings.warn(f"faster than baseline: {line}; consider pytest --update-baselines", stacklevel=2)
+        return result
 
     return run
 

@@ -1,0 +1,65 @@
+"""The latency gate under pytest, as a user runs it: record, compare, a real slowdown fails, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "suites/test_latency.py", "-k", "conv_bn_relu",
+                           "-p", "no:cacheprovider", "-rs", "-q", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def only_file(directory: Path) -> Path:
+    (path,) = [p for p in directory.glob("*.json")]
+    return path
+
+
+def test_no_baseline_is_reported_not_passed_or_failed(tmp_path: Path) -> None:
+    proc = run_pytest("--baseline-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout
+    assert "1 skipped" in proc.stdout and "no baseline for conv_bn_relu" in proc.stdout
+    strict = run_pytest("--baseline-dir", str(tmp_path), "--strict-baselines")
+    assert strict.returncode == 1 and "no baseline" in strict.stdout
+
+
+def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
+    record = run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
+    assert record.returncode == 0, record.stdout
+    path = only_file(tmp_path)
+    doc = json.loads(path.read_text())
+    (key,) = doc["entries"]
+    assert key.startswith("conv_bn_relu|x=1x64x16x16|fused")
+    entry = doc["entries"][key]
+    assert entry["n"] >= 5 and entry["metadata"]["reference_kind"] == "onnxruntime-cpu"
+
+    same = run_pytest("--baseline-dir", str(tmp_path))
+    assert same.returncode == 0, same.stdout
+
+    # Make the baseline twice as fast as what this build really does: the gate must call it a regression.
+    for field in ("samples_ms",):
+        entry[field] = [v / 2 for v in entry[field]]
+    entry["median_ms"] /= 2
+    entry["iqr_ms"] /= 2
+    entry["normalised"] = entry["median_ms"] / entry["reference_median_ms"]
+    path.write_text(json.dumps(doc))
+    slow = run_pytest("--baseline-dir", str(tmp_path))
+    assert slow.returncode == 1, slow.stdout
+    assert "latency regression: conv_bn_relu: slower" in slow.stdout
+
+
+def test_corrupt_baseline_fails_loudly_and_is_not_overwritten(tmp_path: Path) -> None:
+    run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
+    path = only_file(tmp_path)
+    path.write_text('{"schema_version": 1, "arch": "' + path.stem + '", "entries": {"broken": 3}}')
+    before = path.read_bytes()
+    proc = run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
+    assert proc.returncode != 0
+    assert path.name in proc.stdout and "broken" in proc.stdout
+    assert path.read_bytes() == before

@@ -1,0 +1,165 @@
+"""Latency gating of one model against its per-architecture baseline.
+
+The worker side (`measure_model`) compiles once, keeps the build, and times it interleaved with a
+same-run reference: ONNX Runtime on the CPU with the same thread count, or on a GPU a fixed calibration
+kernel on the same device. The parent side (`gate_model`) normalises by that reference, asks the gate
+(verify/gate.py) for a verdict, samples more through the worker when the gate is unsure, and records the
+run into `baselines/<arch>.json` when asked to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compiler.pipeline import CompileOptions
+
+from .timing import Samples, measure_interleaved
+
+BASELINE_DIR = Path(__file__).resolve().parent.parent / "baselines"
+
+# ------------------------------------------------------------------------------------------ worker side
+
+_CACHE: dict[Any, Any] = {}
+
+
+@dataclass
+class LatencyRun:
+    model: str
+    shapes: dict[str, tuple[int, ...]]
+    device: str
+    threads: int
+    reference_kind: str
+    candidate: Samples
+    reference: Samples
+
+
+def _calibration_kernel(spec):
+    """A fixed 1024x1024 matmul on the target device: a same-run yardstick where ORT cannot run."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Calibration:
+        @R.function
+        def main(a: R.Tensor((1024, 1024), "float32"), b: R.Tensor((1024, 1024), "float32")):
+            return R.matmul(a, b)
+
+    from compiler.pipeline import compile_relax
+
+    build = compile_relax(Calibration, CompileOptions(gpu_arch=spec.arch if spec.is_gpu else None), name="calibration")
+    rng = np.random.default_rng(0)
+    data = {"a": rng.standard_normal((1024, 1024)).astype("float32"),
+            "b": rng.standard_normal((1024, 1024)).astype("float32")}
+    return build.time_fn(data)
+
+
+def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), shapes: Mapping[str, Sequence[int]] | None = None,
+                  threads: int | None = None, repeats: int = 15, warmup: int = 3, seed: int = 0) -> LatencyRun:
+    """Time the compiled model and its reference, interleaved (runs in a worker; builds are cached)."""
+    import onnxruntime as ort
+
+    from compiler.onnx_loader import load
+    from compiler.pipeline import compile_model
+    from compiler.plugins import load_env_plugins
+    from compiler.target import resolve
+
+    from .core import SuiteSpec
+    from .inputs import make_inputs
+
+    load_env_plugins()
+    key = (repr(source), repr(options), repr(shapes), threads, seed)
+    if key not in _CACHE:
+        label = source.name if isinstance(source, SuiteSpec) else None
+        model = source.build() if isinstance(source, SuiteSpec) else source
+        loaded = load(model, shapes, name=label)
+        inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+        built = compile_model(loaded, options=options)
+        spec = resolve(options.gpu_arch, options.mcpu)
+        threads = threads or int(os.environ.get("TVM_NUM_THREADS", "0")) or spec.num_cores or 1
+        if spec.is_gpu:
+            reference, kind = _calibration_kernel(spec), "calibration-matmul-1024"
+            device = _gpu_name()
+        else:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            so.log_severity_level = 3
+            session = ort.InferenceSession(loaded.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+            reference, kind = (lambda: session.run(None, feed)), "onnxruntime-cpu"
+            device = f"{spec.arch} x{threads}"
+        _CACHE[key] = (loaded, built.time_fn(inputs), reference, kind, device, threads, spec)
+    loaded, candidate, reference, kind, device, threads, spec = _CACHE[key]
+    sync = (lambda: __import__("tvm").cuda(0).sync()) if spec.is_gpu else None
+    samples = measure_interleaved({"candidate": candidate, "reference": reference}, warmup=warmup, repeats=repeats,
+                                  threads=threads, sync=sync)
+    return LatencyRun(model=loaded.name, shapes=dict(loaded.input_shapes), device=device, threads=threads,
+                      reference_kind=kind, candidate=samples["candidate"], reference=samples["reference"])
+
+
+def _gpu_name() -> str:
+    import tvm
+
+    try:
+        return str(tvm.cuda(0).device_name)
+    except Exception:
+        return "cuda"
+
+
+# ------------------------------------------------------------------------------------------ parent side
+
+def baseline_path(options: CompileOptions, directory: Path = BASELINE_DIR) -> Path:
+    """`baselines/sm_80.json` for a GPU arch, `baselines/cpu-<mcpu>-<N>c.json` for this CPU class."""
+    from compiler.target import resolve
+
+    from .baselines import cpu_class_id
+
+    spec = resolve(options.gpu_arch, options.mcpu)
+    name = spec.arch if spec.is_gpu else cpu_class_id(spec.arch, spec.num_cores or 1)
+    return Path(directory) / f"{name}.json"
+
+
+def entry_key(run: LatencyRun, options: CompileOptions) -> str:
+    from .baselines import fusion_label, make_key
+
+    return make_key(run.model, run.shapes, fusion_label(options.fusion, sorted(options.disabled_patterns)))
+
+
+def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path, update: bool = False,
+               candidate_dir: Path | None = None, gate: Any = None, timeout: float | None = None,
+               repeats: int = 15, what: str | None = None) -> tuple[Any, LatencyRun, str]:
+    """Measure in `worker`, gate against `path`, record when updating. Returns (GateResult, run, key)."""
+    from .baselines import Entry, Metadata, load_baselines, record
+    from .gate import Gate, Measurement
+
+    gate = gate or Gate()
+    what = what or f"timing {getattr(source, 'label', source)}"
+
+    def measure(n: int) -> LatencyRun:
+        return worker.call("verify.latency:measure_model", what=what, timeout=timeout, source=source,
+                           options=options, repeats=n, warmup=1)
+
+    baselines = load_baselines(path)           # a corrupt file fails here, loudly, and is left untouched
+    run = worker.call("verify.latency:measure_model", what=what, timeout=timeout, source=source, options=options,
+                      repeats=repeats)
+    key = entry_key(run, options)
+    measurement = Measurement.of(run.candidate, run.reference, run.reference_kind)
+
+    def more(n: int) -> Measurement:
+        extra = measure(max(n, 3))
+        return Measurement.of(extra.candidate, extra.reference, extra.reference_kind)
+
+    result = gate.check(key, measurement, baselines, more=more, name=run.model)
+    if update or candidate_dir is not None:
+        meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind)
+        entry = Entry.from_samples(run.candidate, meta, reference_ms=run.reference)
+        if update:
+            record(path, key, entry)
+        if candidate_dir is not None:
+            record(Path(candidate_dir) / path.name, key, entry)
+    return result, run, key
