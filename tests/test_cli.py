@@ -69,3 +69,11 @@ def test_patterns_lists_the_table() -> None:
     assert proc.returncode == 0
     for name in ("conv2d_bias_act", "matmul_bias_gelu", "attention", "layernorm", "softmax"):
         assert name in proc.stdout
+
+
+def test_pytest_plugin_option_loads_a_wrong_fusion_and_the_suite_catches_it() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_verify_suite.py", "-q", "-p", "no:cacheprovider",
+                           "-k", "test_default_shape and conv_bn_relu", "--fuseguard-plugin", str(PLUGIN)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout
+    assert "conv_bn_relu" in proc.stdout and "fused vs ORT" in proc.stdout
