@@ -61,6 +61,11 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
             if seen.same_as(expr):
                 return var
         if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            # Nested operator calls (a Conv converter returns add(conv2d(...), bias)) are tagged too.
+            args = [self._tag(a, name, done) if isinstance(a, relax.Call) and isinstance(a.op, tvm.ir.Op)
+                    and a.op.name != "relax.call_tir" else a for a in expr.args]
+            if any(not a.same_as(b) for a, b in zip(args, expr.args)):
+                expr = relax.Call(expr.op, args, expr.attrs, expr.ty_args)
             var = self.bb.emit(expr, name)
         elif isinstance(expr, relax.TupleGetItem) and isinstance(expr.tuple_value, (relax.Call, relax.TupleGetItem)):
             inner = self._tag(expr.tuple_value, name, done)
@@ -136,7 +141,8 @@ def check_supported(model: onnx.ModelProto, label: str) -> None:
     if not found:
         return
     (op, (node, where, why)), *rest = found.items()
-    node_text = f"node '{node.name}'" + (f" {where}" if where else "") if node.name else (where or "unnamed node")
+    node_text = (f"node '{node.name}'" if node.name else
+                 f"unnamed node -> '{node.output[0]}'" if node.output else "unnamed node") + (f" {where}" if where else "")
     also = f"; also unsupported: {', '.join(o for o, _ in rest)}" if rest else ""
     raise UnsupportedOperatorError(f"{label}: unsupported operator {op} ({node_text}): {why}{also}")
 

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
     sub.add_parser("patterns", help="list the fusion patterns")
+    from .bisect import add_bisect_parser
+
+    add_bisect_parser(sub)
     return parser
 
 
@@ -395,7 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns}[args.command]
+    from .bisect import run_bisect
+
+    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns,
+               "bisect": run_bisect}[args.command]
     try:
         return handler(args)
     except FuseguardError as err:
