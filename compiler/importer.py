@@ -48,8 +48,10 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         convert_map = _frontend._get_convert_map()
         if op_name not in convert_map:
             raise UnsupportedOperatorError(f"unsupported operator {op_name}")
-        op_function = convert_map[op_name].get_converter(opset)
-        sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
+        sym = _fuseguard_converter(op_name, inputs, attrs)
+        if sym is None:
+            op_function = convert_map[op_name].get_converter(opset)
+            sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
         index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
         if index is not None and isinstance(sym, relax.Expr):
             sym = self._tag(sym, f"n{index}_{op_name}", [])
@@ -92,6 +94,40 @@ class _Importer(_TracingImporter):
 
 class FrontendError(ModelError):
     """TVM's ONNX frontend failed on a model that onnx.checker accepts; names the node when known."""
+
+
+def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
+    """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
+
+    - `Sum` of N inputs: the stock converter stacks them and reduces, copying every input once more and
+      hiding ResNet's residual add from the Conv+Add+ReLU pattern; a chain of adds computes the same.
+    - `Clip` with constant bounds: the stock converter emits opaque TE calls that no pattern can see;
+      `relax.op.clip` keeps ReLU6 / HardSwish / HardSigmoid recognisable.
+    """
+    if op_name == "Sum" and len(inputs) >= 1 and all(isinstance(i, relax.Expr) for i in inputs):
+        out = inputs[0]
+        for other in inputs[1:]:
+            out = relax.op.add(out, other)
+        return out
+    if op_name == "Clip" and inputs and isinstance(inputs[0], relax.Expr):
+        bounds = []
+        for i, key, default in ((1, "min", float("-inf")), (2, "max", float("inf"))):
+            if len(inputs) > i and inputs[i] is not None:
+                value = inputs[i]
+                if not hasattr(value, "value") or isinstance(value, relax.Var):
+                    return None
+                arr = value.value.numpy()
+                if arr.size != 1 or arr != arr:  # non-scalar or NaN bound: leave it to the stock converter
+                    return None
+                bounds.append(float(arr.reshape(())))
+            else:
+                bounds.append(float(attrs.get(key, default)))
+        dtype = str(inputs[0].ty.dtype)
+        if not dtype.startswith("float"):
+            return None
+        lo, hi = (tvm.tirx.FloatImm(dtype, b) for b in bounds)
+        return relax.op.clip(inputs[0], relax.prim_value(lo), relax.prim_value(hi))
+    return None
 
 
 def supported_ops() -> set[str]:

@@ -155,10 +155,20 @@ def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
 # --------------------------------------------------------------------------- conv2d + activation
 
 _ACTIVATIONS: dict[str, Callable[[DFPattern], DFPattern]] = {
+    # Most specific first: HardSwish and HardSigmoid contain a Clip (and an add that a residual variant
+    # of plain Clip would otherwise swallow).
+    # HardSwish: x * clip(x + 3, 0, 6) / 6
+    "hardswish": lambda x: _commutative("relax.multiply", x, is_op("relax.divide")(
+        is_op("relax.clip")(_commutative("relax.add", x, is_const()), wildcard(), wildcard()), is_const())),
+    # HardSigmoid: clip(alpha * x + beta, 0, 1)
+    "hardsigmoid": lambda x: is_op("relax.clip")(
+        _commutative("relax.add", _commutative("relax.multiply", x, is_const()), is_const()), wildcard(), wildcard()),
     "relu": lambda x: is_op("relax.nn.relu")(x),
     "silu": lambda x: is_op("relax.nn.silu")(x) | _commutative("relax.multiply", x, is_op("relax.sigmoid")(x)),
     "leakyrelu": lambda x: is_op("relax.nn.leakyrelu")(x),
     "sigmoid": lambda x: is_op("relax.sigmoid")(x),
+    # ReLU6 and other Clip(0, 6)-style bounds (the importer keeps Clip as relax.clip)
+    "clip": lambda x: is_op("relax.clip")(x, wildcard(), wildcard()),
 }
 
 
@@ -401,7 +411,8 @@ register_pattern(PatternRule(
 
 register_pattern(PatternRule(
     name="conv2d_bias_act",
-    description="Conv2d (+bias, +folded BatchNorm) (+residual add) + ReLU/SiLU/LeakyReLU/Sigmoid in one kernel",
+    description="Conv2d (+bias, +folded BatchNorm) (+residual add) + ReLU/ReLU6/SiLU/LeakyReLU/Sigmoid/"
+                "HardSwish/HardSigmoid in one kernel",
     variants=_conv_variants,
     check=_conv_check,
     cost=intermediate_traffic_cost,

@@ -299,8 +299,15 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     mod = stage("legalize", [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
     rep.ops_before_fusion = report.count_kernels(mod)
     if options.fusion:
+        legalized = mod
         mod = stage("fuse_ops", [T.FuseOps()], mod)
-        rep.groups = report.fused_groups(mod, provenance, decisions, links)
+        start = time.perf_counter()
+        try:
+            sites = report.call_site_provenance(legalized)
+        except Exception:  # provenance is a report nicety; never fail a build over it
+            sites = None
+        rep.stage_s["provenance"] = time.perf_counter() - start
+        rep.groups = report.fused_groups(mod, provenance, decisions, links, sites)
         mod = stage("fuse_tir", [T.FuseTIR()], mod)
     for d in decisions:
         if not d.onnx_nodes:

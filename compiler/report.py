@@ -239,8 +239,65 @@ def link_decisions(mod: tvm.IRModule, decisions: list[Decision]) -> dict[str, De
     return links
 
 
+@relax.expr_functor.mutator
+class _UniqueKernels(relax.PyExprMutator):
+    """Give every call_tir site in `main` its own copy of the PrimFunc it calls."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+        self.owner: dict[str, str] = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        v = binding.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+            name = f"__site{len(self.owner)}"
+            gv = self.builder_.add_func(self.mod_[v.args[0]].with_attr("global_symbol", name), name)
+            self.owner[gv.name_hint] = binding.var.name
+            args = [gv] + [self.visit_expr(a) for a in v.args[1:]]
+            var = self.builder_.emit(relax.Call(v.op, args, v.attrs, v.ty_args), binding.var.name)
+            self.set_var_remap(binding.var, var)
+            return
+        super().visit_var_binding_(binding)
+
+
+def call_site_provenance(legalized: tvm.IRModule) -> list[list[str]]:
+    """Per group call in `main` (in order), the names of the bindings it absorbed.
+
+    FuseOps shares one function between structurally identical groups (every ResNet bottleneck conv of a
+    shape), so a shared function's body cannot say which ONNX nodes one call came from. Running FuseOps
+    again on a copy whose every call_tir site has its own PrimFunc keeps groups apart; the grouping
+    itself depends only on op patterns and dataflow, so it matches the real build call for call.
+    """
+    uniq = _UniqueKernels(legalized)
+    main = legalized.get_global_var("main")
+    uniq.builder_.update_func(main, uniq.visit_expr(legalized["main"]))
+    copy = relax.transform.FuseOps()(uniq.builder_.get())
+    sites: list[list[str]] = []
+    body = copy["main"].body
+    for block in body.blocks if isinstance(body, relax.SeqExpr) else []:
+        for binding in block.bindings:
+            v = binding.value
+            if not (isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar)):
+                continue
+            func = copy[v.op]
+            if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
+                continue
+            names: list[str] = []
+
+            def visit(expr: relax.Expr) -> None:
+                if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
+                        expr.op.name == "relax.call_tir" and expr.args[0].name_hint in uniq.owner:
+                    names.append(uniq.owner[expr.args[0].name_hint])
+
+            relax.analysis.post_order_visit(func.body, visit)
+            sites.append(names)
+    return sites
+
+
 def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
-                 links: dict[str, Decision] | None = None) -> list[FusedGroup]:
+                 links: dict[str, Decision] | None = None,
+                 sites: list[list[str]] | None = None) -> list[FusedGroup]:
     """Groups called from `main`, in execution order, after FuseOps (before FuseTIR).
 
     A pattern group is tied to its cost-model decision through the provenance-tagged var names
@@ -254,6 +311,7 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                     by_name[n] = d
     main = mod["main"]
     groups: list[FusedGroup] = []
+    call_index = [0]
 
     def visit_seq(seq: relax.SeqExpr) -> None:
         for block in seq.blocks:
@@ -276,11 +334,13 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                 if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
                     continue
                 ops, names = function_ops(func, mod)
+                site = sites[call_index[0]] if sites is not None and call_index[0] < len(sites) else None
+                call_index[0] += 1
                 names += [p.name for p in func.params]
                 composite = str(func.attrs["Composite"]) if "Composite" in func.attrs else None
                 pattern, reason, anchor = "generic", "TVM FuseOps: injective/reduction ops merged into their producer", ""
                 predicted, saved = 0.0, 0
-                nodes = provenance([n for n in names if n not in {p.name for p in func.params}])
+                nodes = provenance(site if site else [n for n in names if n not in {p.name for p in func.params}])
                 if composite:
                     pattern = composite.split(".", 1)[-1]
                     decision = (links or {}).get(value.op.name_hint) or \

@@ -57,7 +57,9 @@ def test_softmax_takes_scale_and_mask_when_attention_is_off() -> None:
 
 
 @pytest.mark.parametrize("name, activation", [("pattern_conv_silu", "sigmoid"),
-                                               ("pattern_conv_leaky_relu", "leaky_relu")])
+                                               ("pattern_conv_leaky_relu", "leaky_relu"),
+                                               ("pattern_conv_relu6", "clip"),
+                                               ("pattern_conv_hardswish", "clip")])
 def test_conv_activation_variants(name: str, activation: str) -> None:
     b = build(name)
     groups = [g for g in b.report.groups if g.pattern == "conv2d_bias_act"]

@@ -63,7 +63,7 @@ def test_ocr_models_import(package: str, relative: str, shapes, retry: bool) -> 
         height, width = loaded.input_shapes["x"][2:]
         assert width == AUTO_SPATIAL and height in (AUTO_SPATIAL, 48), loaded.input_shapes
     if retry:
-        with pytest.raises(FrontendError, match="cannot convert node"):
+        with pytest.raises(FrontendError, match="TVM.s ONNX frontend cannot (convert node|import this model: .*Node)"):
             _raw_import(loaded.model, loaded, "m")
     result = import_model(loaded)
     assert result.prepared is retry
