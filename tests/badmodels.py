@@ -3,8 +3,8 @@
 Every case is something a user can hand `fuseguard verify`: a broken or hostile file, a model TVM
 cannot import, or flags that do not fit the model. `build_corpus(dir)` writes the files into `dir`
 (one sub-folder per case, so external-data cases cannot see each other's files); the tests run each
-through the real CLI, and `python tests/badmodels.py` regenerates the table in docs/bad-inputs.md
-from the CLI's actual output.
+through the real CLI, and `python tests/badmodels.py --write docs/bad-inputs.md` regenerates the
+table there from the CLI's actual output (one CLI run per case, so each exit code is its own).
 """
 
 from __future__ import annotations
