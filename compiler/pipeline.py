@@ -109,14 +109,14 @@ class CompiledModel:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         dev = self.device()
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.input_names]
+        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
         out = self.vm()["main"](*args)
         return [np.asarray(t.numpy()) for t in _flatten(out)]
 
     def time_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
         """A closure that runs the model once on pre-uploaded inputs (for timing)."""
         dev = self.device()
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), dev) for n in self.input_names]
+        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
         vm = self.vm()
         func = vm["main"]
 

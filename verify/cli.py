@@ -33,8 +33,9 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                    help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                    help="free dimension of a built-in suite model, e.g. seq=128 or batch=2 (repeatable)")
-    p.add_argument("--default-dim", type=int, default=1, metavar="N",
-                   help="value for every dynamic dimension not pinned by --shape (default 1)")
+    p.add_argument("--default-dim", type=int, default=None, metavar="N",
+                   help="value for every dynamic dimension not pinned by --shape or --inputs "
+                        "(default: 1 for batch, 224 for image height/width, 16 otherwise)")
     p.add_argument("--gpu-arch", default=None, metavar="ARCH",
                    help="compile for CUDA sm_80/sm_86/sm_89/sm_90; the run is skipped without a CUDA device")
     p.add_argument("--mcpu", default=None, help="LLVM CPU for the host target (default: detected)")
@@ -104,7 +105,6 @@ def _verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from compiler.onnx_loader import parse_shape_spec
-    from compiler.patterns import pattern_names
 
     from .compare import Tolerance
     from .core import SuiteSpec, verify_in_worker
@@ -115,7 +115,11 @@ def _verify(args: argparse.Namespace) -> int:
     from compiler.plugins import env_for, load_plugins
 
     load_plugins(args.plugin)
-    unknown = set(args.disable_pattern) - set(pattern_names())
+    unknown = set()
+    if args.disable_pattern:
+        from compiler.patterns import pattern_names  # imports TVM: only when needed
+
+        unknown = set(args.disable_pattern) - set(pattern_names())
     if unknown:
         raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
                          f"known: {', '.join(pattern_names())}")
@@ -156,17 +160,19 @@ def _verify(args: argparse.Namespace) -> int:
                     print(err.remote_traceback, file=sys.stderr)
                 print(f"fuseguard: error: {err}", file=sys.stderr)
                 worst = max(worst, err.exit_code)
-                results.append({"model": label, "status": "ERROR", "error": str(err)})
+                results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
+                                "error": str(err)})
                 rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
                 continue
             except (WorkerFailure, WorkerTaskError) as err:
                 message = str(err) if args.debug else str(err).split("\n--- last lines", 1)[0]
                 print(f"fuseguard: error: {label}: {message}", file=sys.stderr)
                 worst = max(worst, EXIT_MISMATCH)
-                results.append({"model": label, "status": "ERROR", "error": str(err)})
+                results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
+                                "error": str(err)})
                 rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
                 continue
-            results.append(verdict.to_dict())
+            results.append({**verdict.to_dict(), "source": str(getattr(source, "name", source))})
             for w in verdict.warnings:
                 print(f"fuseguard: warning: {w}", file=sys.stderr)
             for build in (verdict.fused, verdict.unfused):

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.errors import FuseguardError
-from compiler.onnx_loader import LoadedModel, load
+from compiler.errors import FuseguardError, ModelError
+from compiler.onnx_loader import LoadedModel, error_line, load
 from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel, compile_model
 from compiler.target import cuda_device_present, resolve
@@ -155,19 +155,24 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
 def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: Mapping[str, Sequence[int]] | None = None,
                  options: CompileOptions = CompileOptions(), seed: int = 0, inputs_file: str | None = None,
                  tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,
-                 name: str | None = None, default_dim: int = 1) -> ModelVerdict:
+                 name: str | None = None, default_dim: int | None = None) -> ModelVerdict:
     """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare."""
     load_env_plugins()
     if isinstance(source, SuiteSpec):
         name = name or source.label
         seed = source.seed if seed == 0 else seed
         source = source.build()
-    loaded = load(source, shapes, name=name, default_dim=default_dim)
-    spec = resolve(options.gpu_arch, options.mcpu)
     user = load_npz(inputs_file) if inputs_file else None
+    loaded = load(source, shapes, name=name, default_dim=default_dim,
+                  shape_hints={k: a.shape for k, a in user.items()} if user else None)
+    spec = resolve(options.gpu_arch, options.mcpu)
     inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
     skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
-    reference = None if skipped else run_onnxruntime(loaded.model, inputs)
+    try:
+        reference = None if skipped else run_onnxruntime(loaded.model, inputs)
+    except Exception as err:  # ORT's own errors: a model it cannot run at these shapes is unusable input
+        label = str(loaded.path) if loaded.path else loaded.name
+        raise ModelError(f"{label}: ONNX Runtime cannot run it: {error_line(err)}{loaded.shape_hint()}") from err
     fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output)
     unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output)
     return ModelVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
