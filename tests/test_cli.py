@@ -77,3 +77,26 @@ def test_pytest_plugin_option_loads_a_wrong_fusion_and_the_suite_catches_it() ->
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout
     assert "conv_bn_relu" in proc.stdout and "fused vs ORT" in proc.stdout
+
+
+CRASH = Path(__file__).resolve().parent / "plugins" / "native_crash.py"
+
+
+def test_native_crash_fails_that_model_and_the_run_goes_on() -> None:
+    proc = fuseguard("verify", "conv_bn_relu", "mlp_gelu", "--plugin", str(CRASH))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "crashed (SIGSEGV) while verifying conv_bn_relu" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any("mlp_gelu" in line and "PASS" in line for line in proc.stdout.splitlines())
+
+
+def test_hang_times_out_and_the_run_goes_on() -> None:
+    import os
+
+    env = {**os.environ, "FUSEGUARD_TEST_HANG": "1"}
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "conv_bn_relu", "mlp_gelu", "--plugin",
+                           str(CRASH), "--timeout", "20"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "timed out after 20 s while verifying conv_bn_relu" in proc.stderr
+    assert any("mlp_gelu" in line and "PASS" in line for line in proc.stdout.splitlines())

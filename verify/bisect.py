@@ -767,6 +767,8 @@ def add_bisect_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-confirm", action="store_true", help="do not re-verify the reproducer (saves two builds)")
     p.add_argument("--onnx-order", action="store_true",
                    help="for import/lowering drift, bisect ONNX node order instead of using captured kernels")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                   help="limit for the whole bisection in its worker (default 1800 s)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -800,9 +802,22 @@ def run_bisect(args: argparse.Namespace) -> int:
         if shapes:
             raise UsageError("--shape needs a MODEL.onnx (a built-in suite model pins its own shapes)")
         source = SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed)
-    result = bisect_model(source, shapes=shapes or None, options=options, inputs=args.inputs, seed=args.seed,
-                          tolerances=tolerances, out_dir=args.out, confirm=not args.no_confirm,
-                          strategy="onnx-order" if args.onnx_order else "capture")
+    # In a worker: a native crash or hang in TVM at this commit is "cannot test" (125), not a dead bisect.
+    from compiler.plugins import env_for
+
+    from .worker import Worker, WorkerFailure
+
+    label = source.label if isinstance(source, SuiteSpec) else str(source)
+    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+        try:
+            result = worker.call("verify.bisect:bisect_model", what=f"bisecting {label}", timeout=args.timeout,
+                                 source=source, shapes=shapes or None, options=options, inputs=args.inputs,
+                                 seed=args.seed, tolerances=tolerances, out_dir=args.out,
+                                 confirm=not args.no_confirm,
+                                 strategy="onnx-order" if args.onnx_order else "capture")
+        except WorkerFailure as err:
+            print(f"fuseguard: cannot test: {str(err).splitlines()[0]}", file=sys.stderr)
+            return EXIT_UNTESTABLE
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(result.render())
     if args.json:
