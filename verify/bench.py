@@ -19,7 +19,7 @@ from compiler.pipeline import CompileOptions, compile_model
 from compiler.plugins import load_env_plugins
 
 from .inputs import make_inputs
-from .timing import measure_interleaved
+from .timing import measure_interleaved, ort_timing_options
 
 
 @dataclass
@@ -58,19 +58,15 @@ class BenchResult:
 def _ort_session(model, threads: int, optimize: bool):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), ort_timing_options(threads, optimize=optimize),
+                                providers=["CPUExecutionProvider"])
 
 
 def bench_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None,
                 options: CompileOptions = CompileOptions(), threads: int | None = None, repeats: int = 7,
                 warmup: int = 2, seed: int = 0, name: str | None = None) -> BenchResult:
-    """Runs inside a worker whose TVM_NUM_THREADS equals `threads` (set before TVM's pool starts)."""
+    """Runs inside a worker whose TVM_NUM_THREADS equals `threads` and whose thread pool does not spin
+    (timing.NO_SPIN_ENV), both set before TVM's pool starts."""
     from .core import SuiteSpec
 
     load_env_plugins()

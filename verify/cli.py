@@ -305,7 +305,9 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("fuseguard bench times the host CPU; GPU timing runs under pytest --gpu-arch on a GPU runner")
     threads = args.threads or host_cores()
     shapes = dict(parse_shape_spec(s) for s in args.shape)
-    env = {**env_for(args.plugin), "TVM_NUM_THREADS": str(threads)}
+    from .timing import timing_env
+
+    env = {**env_for(args.plugin), **timing_env(threads)}
     console = Console(width=None if sys.stdout.isatty() else 160)
     results, worst = [], EXIT_OK
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
@@ -371,7 +373,10 @@ def _baseline(args: argparse.Namespace) -> int:
 
         args.models = list(LATENCY_MODELS)
     worst = EXIT_OK
-    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+    from .timing import timing_env
+
+    env = {**env_for(args.plugin), **timing_env()}
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
         for source in _sources(args):
             try:
                 result, run, key = gate_model(worker, source, options=options, path=path,

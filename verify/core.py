@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.errors import FuseguardError, ModelError
+from compiler.errors import FuseguardError, InputError, ModelError
 from compiler.onnx_loader import LoadedModel, error_line, load
 from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel, compile_model
@@ -166,7 +166,12 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
     loaded = load(source, shapes, name=name, default_dim=default_dim,
                   shape_hints={k: a.shape for k, a in user.items()} if user else None)
     spec = resolve(options.gpu_arch, options.mcpu)
-    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
+    try:
+        inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
+    except InputError as err:
+        if inputs_file and inputs_file not in str(err):
+            raise InputError(f"{inputs_file}: {err}") from None
+        raise
     skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
     try:
         reference = None if skipped else run_onnxruntime(loaded.model, inputs)

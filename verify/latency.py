@@ -17,7 +17,7 @@ from typing import Any
 
 from compiler.pipeline import CompileOptions
 
-from .timing import Samples, measure_interleaved
+from .timing import Samples, measure_interleaved, ort_timing_options
 
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "baselines"
 
@@ -86,10 +86,8 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
             reference, kind = _calibration_kernel(spec), "calibration-matmul-1024"
             device = _gpu_name()
         else:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-            so.log_severity_level = 3
-            session = ort.InferenceSession(loaded.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(loaded.model.SerializeToString(), ort_timing_options(threads),
+                                           providers=["CPUExecutionProvider"])
             feed = {i.name: inputs[i.name] for i in session.get_inputs()}
             reference, kind = (lambda: session.run(None, feed)), "onnxruntime-cpu"
             device = f"{spec.arch} x{threads}"

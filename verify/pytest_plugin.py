@@ -91,7 +91,9 @@ def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     from compiler.plugins import env_for
 
-    env = env_for(request.config.getoption("--fuseguard-plugin") or [])
+    from .timing import timing_env
+
+    env = {**env_for(request.config.getoption("--fuseguard-plugin") or []), **timing_env()}
     worker = Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=env)
     yield worker
     worker.close()
