@@ -17,9 +17,12 @@ from typing import Any
 
 from compiler.pipeline import CompileOptions
 
-from .timing import Samples, measure_interleaved, ort_timing_options
+from .timing import ForeignLoad, Samples, measure_interleaved, ort_timing_options
 
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "baselines"
+
+#: Above this share of the machine used by other processes during a run, "slower" becomes "inconclusive".
+BUSY_HOST = 0.10
 
 # ------------------------------------------------------------------------------------------ worker side
 
@@ -35,6 +38,7 @@ class LatencyRun:
     reference_kind: str
     candidate: Samples
     reference: Samples
+    foreign_load: float | None = None   # share of the machine others used while we measured
 
 
 def _calibration_kernel(spec):
@@ -94,10 +98,12 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
         _CACHE[key] = (loaded, built.time_fn(inputs), reference, kind, device, threads, spec)
     loaded, candidate, reference, kind, device, threads, spec = _CACHE[key]
     sync = (lambda: __import__("tvm").cuda(0).sync()) if spec.is_gpu else None
-    samples = measure_interleaved({"candidate": candidate, "reference": reference}, warmup=warmup, repeats=repeats,
-                                  threads=threads, sync=sync)
+    with ForeignLoad() as load_meter:
+        samples = measure_interleaved({"candidate": candidate, "reference": reference}, warmup=warmup,
+                                      repeats=repeats, threads=threads, sync=sync)
     return LatencyRun(model=loaded.name, shapes=dict(loaded.input_shapes), device=device, threads=threads,
-                      reference_kind=kind, candidate=samples["candidate"], reference=samples["reference"])
+                      reference_kind=kind, candidate=samples["candidate"], reference=samples["reference"],
+                      foreign_load=load_meter.fraction)
 
 
 def _gpu_name() -> str:
@@ -148,11 +154,24 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
     key = entry_key(run, options)
     measurement = Measurement.of(run.candidate, run.reference, run.reference_kind)
 
-    def more(n: int) -> Measurement:
+    loads: list[float] = [run.foreign_load] if run.foreign_load is not None else []
+
+    def more_tracked(n: int) -> Measurement:
         extra = measure(max(n, 3))
+        if extra.foreign_load is not None:
+            loads.append(extra.foreign_load)
         return Measurement.of(extra.candidate, extra.reference, extra.reference_kind)
 
-    result = gate.check(key, measurement, baselines, more=more, name=run.model)
+    result = gate.check(key, measurement, baselines, more=more_tracked, name=run.model)
+    busiest = max(loads, default=0.0)
+    if result.regressed and busiest > BUSY_HOST:
+        from dataclasses import replace
+
+        from .gate import Verdict
+
+        result = replace(result, verdict=Verdict.INCONCLUSIVE,
+                         note=f"host busy: other processes used {busiest:.0%} of the CPUs while measuring; "
+                              f"{result.note}".rstrip("; "))
     if update or candidate_dir is not None:
         meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind)
         entry = Entry.from_samples(run.candidate, meta, reference_ms=run.reference)

@@ -148,7 +148,9 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
                                                timeout=cfg.getoption("--fuseguard-timeout"))
         except WorkerFailure as err:
             pytest.fail(str(err), pytrace=False)
-        line = f"{result.line()} [{path.name}: {key}]"
+        load = f", other processes used {measured.foreign_load:.0%} of the CPUs" \
+            if measured.foreign_load is not None else ""
+        line = f"{result.line()} [{path.name}: {key}{load}]"
         print(line)
         if result.verdict is Verdict.NO_BASELINE and not cfg.getoption("--update-baselines"):
             if cfg.getoption("--strict-baselines"):

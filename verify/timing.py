@@ -236,3 +236,45 @@ def ort_timing_options(threads: int, *, optimize: bool = True):
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
+
+
+# ------------------------------------------------------------------------------ a busy host
+
+def _cpu_jiffies() -> tuple[float, float] | None:
+    """(busy seconds, steal seconds) of the whole machine from /proc/stat; None where it is unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / hz, steal / hz
+
+
+class ForeignLoad:
+    """How much of the machine other processes (and the hypervisor) used while we measured.
+
+    Two thread pools that synchronise at every parallel region (TVM's and ONNX Runtime's) do not slow
+    down alike when a neighbour takes a core, so a same-run reference cannot cancel that noise. Measured
+    here: a neighbour's build made an unchanged model look 1.2-2.3x slower against its ORT reference.
+    The gate asks this to refuse a "slower" verdict on a busy host.
+    """
+
+    def __enter__(self) -> "ForeignLoad":
+        import resource
+
+        self._start = (time.perf_counter(), _cpu_jiffies(), resource.getrusage(resource.RUSAGE_SELF))
+        self.fraction: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import resource
+
+        t0, j0, r0 = self._start
+        wall, j1, r1 = time.perf_counter() - t0, _cpu_jiffies(), resource.getrusage(resource.RUSAGE_SELF)
+        if j0 is None or j1 is None or wall <= 0:
+            return
+        ours = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        others = max(0.0, (j1[0] - j0[0]) - ours)
+        self.fraction = min(1.0, others / (wall * (os.cpu_count() or 1)))
