@@ -1,19 +1,24 @@
 """The whole compiler pipeline, in order, in one place.
 
-    import (ONNX -> Relax, provenance tags)                          importer.py
+    import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
     1  FoldConstant                 materialise weights built by ConstantOfShape/Expand/...
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
-    3  DecomposeOpsForInference     remaining BatchNorm/LayerNorm to elementwise (before fusion, or
+    3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
     4  CanonicalizeBindings, DeadCodeElimination, FoldConstant                                 [dce]
        user passes "before_fusion"
-    5  FuseOpsByPattern             the pattern table (patterns.py); every match is decided by the
-                                    cost model (cost.py) with a reason                         [fusion]
+    5  pattern fusion                                                                          [fusion]
+       5a rule.prepare             rewrites a rule needs first (decomposed LayerNorm -> one op)
+       5b FuseOpsByPattern         the table in patterns.py; each match decided by cost.decide with
+                                   a reason, and stamped with that decision
+       5c replacements             hand-written kernels for groups that have one (attention)
        user passes "after_fusion"
     6  LegalizeOps, AnnotateTIROpPattern, FoldConstant     Relax ops -> TIR PrimFuncs
-    7  FuseOps, FuseTIR             generic fusion of the rest, and one PrimFunc per group     [fusion]
+    7  FuseOps, FuseTIR             generic fusion of the rest, one PrimFunc per group          [fusion]
        user passes "after_tir_fusion"
     8  schedules                    CPU: compiler.schedule.cpu; CUDA: dlight GPU rules         [schedule]
+                                    a pattern group no rule can schedule is vetoed (with that reason)
+                                    and steps 1-8 run again without it
     9  lower + memory planning      StaticPlanBlockMemory, ... VMShapeLower
    10  codegen                      tvm.compile for {"kind": "llvm", "mcpu": host} or {"kind": "cuda", "arch": sm_XX}
 
