@@ -48,6 +48,7 @@ def _workloads() -> dict[str, Callable[[], onnx.ModelProto]]:
     return {
         "mlp": lambda: workloads.mlp_gelu(128, 768, 3072),
         "conv": lambda: workloads.conv_bn_relu(1, 64, 56, 64, 3),
+        "conv1x1_13": lambda: workloads.conv_bn_relu(1, 512, 13, 1000, 1),  # SqueezeNet conv10: odd width
         "layernorm": lambda: workloads.layernorm(128, 768),
         "softmax": lambda: workloads.softmax((1, 12, 128, 128)),
         "bert_layer": lambda: workloads.bert_layer(128, 768, 12, 3072),

@@ -95,6 +95,46 @@ def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
     assert not report.left_alone
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(c=64, hw=13, oc=1000, k=1),  # SqueezeNet conv10: oc not a multiple of the vector width
+        dict(c=48, hw=13, oc=192, k=3),  # odd width: one-vector nr, mr = 13
+        dict(c=32, hw=27, oc=128, k=3),
+        dict(c=16, hw=55, oc=64, k=1),
+        dict(c=24, hw=7, oc=40, k=3),  # 7x7, oc = 40 (multiple of 8 only)
+        dict(c=20, hw=14, oc=36, k=1),  # oc = 36: 4-wide panels
+        dict(c=8, hw=15, oc=16, k=3, stride=2),
+        dict(c=16, hw=12, oc=16, k=3, group=16),  # depthwise
+    ],
+    ids=["1x1-13-oc1000", "3x3-13", "3x3-27", "1x1-55", "3x3-7-oc40", "1x1-14-oc36", "stride2", "depthwise"],
+)
+def test_conv_tile_search(target: tvm.target.Target, kwargs: dict) -> None:
+    report, _ = _check(workloads.conv_bn_relu(**kwargs), target, options=CpuScheduleOptions(conv_tile_search=True))
+    assert any(r.startswith("conv2d") for r in report.scheduled.values()), report.summary()
+    assert not report.left_alone
+
+
+def test_search_conv_tiles_shapes() -> None:
+    from compiler.schedule.cpu_conv import ConvInfo, conv_tiles, search_conv_tiles
+
+    avx512 = HostCPU(mcpu="znver4", cores=2, features=frozenset({"avx512f", "avx2", "fma"}))
+    avx2 = HostCPU(mcpu="znver1", cores=2, features=frozenset({"avx2", "fma"}))
+
+    def info(oc: int, ow: int) -> ConvInfo:
+        return ConvInfo(block=None, n_iter=0, f_iter=1, y_iter=2, x_iter=3, red_iters=(4, 5, 6), w_buffer=None, f_dim=0, oc=oc, ow=ow)
+
+    assert conv_tiles(info(1000, 13), avx512) == (1, 8)  # the old rule: one column per tile
+    assert search_conv_tiles(info(1000, 13), avx512) == (13, 8)
+    assert search_conv_tiles(info(256, 13), avx512) == (13, 16)
+    assert search_conv_tiles(info(64, 56), avx512) == (8, 32)
+    for host in (avx512, avx2):
+        for oc, ow in ((1000, 13), (256, 13), (64, 55), (128, 27), (512, 7), (36, 14), (64, 111)):
+            mr, nr = search_conv_tiles(info(oc, ow), host)
+            assert oc % nr == 0 and ow % mr == 0
+            assert mr * -(-nr // host.fp32_lanes) <= host.vector_registers * 5 // 8 or mr == 1
+
+
 def test_layernorm_and_softmax(target: tvm.target.Target) -> None:
     for model in (workloads.layernorm(rows=64, hidden=256), workloads.softmax((1, 4, 32, 48))):
         report, _ = _check(model, target)

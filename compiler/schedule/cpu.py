@@ -40,6 +40,9 @@ class CpuScheduleOptions:
     matmul: bool = True
     pack_weights: bool = True  # constant matmul B operands re-laid out as [N/nr, K, nr] panels
     conv: bool = True
+    # Conv register tile (mr columns x nr channels) chosen jointly to maximise mr * nr: odd widths
+    # (13, 27, 55) no longer fall back to mr = 1 or tiny tiles.
+    conv_tile_search: bool = True
     reduction: bool = True
     injective: bool = True
     parallel: bool = True
@@ -239,13 +242,15 @@ def _try_conv(
         return None
     pack = None
     if opts.pack_weights:
-        _, nr = conv_tiles(infos[0], host)
+        _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)
         pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, nr, infos[0].oc, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None)
         try:
-            ok = schedule_conv2d(sch, info, host, num_threads=threads, pack_w=attempt_pack)
+            ok = schedule_conv2d(
+                sch, info, host, num_threads=threads, pack_w=attempt_pack, tile_search=opts.conv_tile_search
+            )
         except Exception:  # noqa: BLE001 - rule declined mid-way; the next rule gets a fresh copy
             ok = False
         if ok:
