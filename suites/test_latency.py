@@ -12,13 +12,26 @@ import pytest
 from suites.models import get_model
 from verify.core import SuiteSpec
 
-#: Small and medium models: cheap to time, and each exercises a different fused kernel family.
-LATENCY_MODELS = ["mlp_gelu", "conv_bn_relu", "bert_encoder", "attention_masked", "softmax_layernorm",
-                  "squeezenet", "resnet50"]
+#: Models and the sizes they are gated at: each exercises a different fused kernel family, and each runs
+#: for at least ~1 ms. Below that (a 30 us Softmax+LayerNorm, a 0.1 ms attention at seq 64) per-call
+#: overhead and timer jitter dominate and the gate measured false alarms; such models are verified for
+#: correctness in test_verify_suite.py but not timed here.
+LATENCY_SET: dict[str, dict[str, int]] = {
+    "mlp_gelu": {"seq": 64},
+    "conv_bn_relu": {"size": 56},
+    "bert_encoder": {"seq": 64},
+    "attention_masked": {"seq": 256},
+    "squeezenet": {},
+    "resnet50": {},
+}
 
 
-@pytest.mark.parametrize("name", LATENCY_MODELS)
-def test_latency_against_baseline(name: str, latency_gate) -> None:
+def latency_spec(name: str) -> SuiteSpec:
     model = get_model(name)
-    result = latency_gate(SuiteSpec(name, tuple(sorted(model.default_dims.items()))))
+    return SuiteSpec(name, tuple(sorted({**model.default_dims, **LATENCY_SET[name]}.items())))
+
+
+@pytest.mark.parametrize("name", list(LATENCY_SET))
+def test_latency_against_baseline(name: str, latency_gate) -> None:
+    result = latency_gate(latency_spec(name))
     assert not result.regressed, result.line()

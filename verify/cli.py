@@ -369,15 +369,17 @@ def _baseline(args: argparse.Namespace) -> int:
             print(f"recorded {len(entries)} entries from {args.pytest_benchmark} into {path}")
         return EXIT_OK
     if not args.models:
-        from suites.test_latency import LATENCY_MODELS
+        from suites.test_latency import LATENCY_SET, latency_spec
 
-        args.models = list(LATENCY_MODELS)
+        sources = [latency_spec(name) for name in LATENCY_SET]
+    else:
+        sources = _sources(args)
     worst = EXIT_OK
     from .timing import timing_env
 
     env = {**env_for(args.plugin), **timing_env()}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for source in _sources(args):
+        for source in sources:
             try:
                 result, run, key = gate_model(worker, source, options=options, path=path,
                                               update=args.action == "update", timeout=args.timeout)

@@ -10,8 +10,9 @@ Decision, with r the ratio of medians candidate/baseline and [lo, hi] its bootst
 * significant (p < alpha), lo > 1 and hi >= factor -> ``slower``: a slowdown is real (both the test
   and the interval say so) and one of at least ``factor`` is within the interval. When r itself is
   still below the factor the gate first buys more samples (the interval narrows, and a small real
-  slowdown drops out as ``same``); at the budget it reports ``slower``, because a gate that needs
-  r >= factor would miss a slowdown of exactly the factor half the time. ``faster`` is the mirror
+  slowdown drops out as ``same``); at the budget it reports ``slower`` when r has reached
+  ``min_effect`` (75%) of the factor's slowdown (a gate that needs r >= factor would miss a slowdown of
+  exactly the factor half the time) and ``inconclusive`` below that (a 5% drift is not a 10% regression). ``faster`` is the mirror
   image, with a hint to update the baseline.
 * the interval lies inside [1/factor, factor] -> ``same``, even when significant (a real 3% shift under
   a 10% factor).
@@ -67,6 +68,10 @@ class GatePolicy:
     step: int = 15
     confidence: float = 0.95
     baseline_drift: float = 0.01
+    #: At the sample budget, a significant slowdown whose point estimate is still under the factor is
+    #: called slower only when it reaches this share of the factor's slowdown (1.075x for 1.10x): an
+    #: unchanged model whose baseline was recorded 5% fast (measured here) must not fail a build.
+    min_effect: float = 0.75
     n_resamples: int = 2000
     seed: int = 0
 
@@ -80,6 +85,8 @@ class GatePolicy:
             problems.append(f"need max_samples >= 2 and step >= 1, got {self.max_samples}, {self.step}")
         if not 0 <= self.baseline_drift < 0.5:
             problems.append(f"baseline_drift must be in [0, 0.5), got {self.baseline_drift}")
+        if not 0 < self.min_effect <= 1:
+            problems.append(f"min_effect must be in (0, 1], got {self.min_effect}")
         if not 0 < self.confidence < 1:
             problems.append(f"confidence must be in (0, 1), got {self.confidence}")
         if self.n_resamples < 100:
@@ -235,8 +242,14 @@ def _decide(p: float, r: float, lo: float, hi: float, policy: GatePolicy,
     if p < policy.alpha and lo > 1 and hi >= f:
         if r >= f:
             return Verdict.SLOWER, ""
-        note = f"{r:.4f}x is below the {f:g}x factor but its CI reaches it after the {policy.max_samples}-sample budget"
-        return (Verdict.SLOWER, note) if exhausted else None
+        if not exhausted:
+            return None
+        floor = 1 + policy.min_effect * (f - 1)
+        if r >= floor:
+            return Verdict.SLOWER, (f"{r:.4f}x is below the {f:g}x factor but its CI reaches it after the "
+                                    f"{policy.max_samples}-sample budget")
+        return Verdict.INCONCLUSIVE, (f"{r:.4f}x is significant but under {floor:.3f}x ({policy.min_effect:.0%} of the "
+                                      f"{f:g}x factor's slowdown) after the {policy.max_samples}-sample budget")
     if p < policy.alpha and hi < 1 and lo <= 1 / f:
         hint = "improvement: update the baseline so later regressions are measured from here"
         if r <= 1 / f:
