@@ -90,3 +90,12 @@ def test_unschedulable_fused_group_is_vetoed(monkeypatch: pytest.MonkeyPatch) ->
     conv = [d for d in b.report.decisions if d.pattern == "conv2d_bias_act"]
     assert conv and all(not d.fused and "no cpu" in d.reason and "schedule" in d.reason for d in conv)
     assert b.report.count("conv2d_bias_act") == 0
+
+
+@pytest.mark.parametrize("seq", [512, 2048])
+def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> None:
+    from verify.core import SuiteSpec, verify_model
+
+    verdict = verify_model(SuiteSpec("attention_masked", (("batch", 1), ("seq", seq))))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    assert [g["pattern"] for g in verdict.fused.report["groups"]].count("attention") == 1
