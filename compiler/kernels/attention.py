@@ -65,7 +65,9 @@ def _dtype_bytes(dtype: str) -> int:
 
 def host_target() -> tvm.target.Target:
     """LLVM target for this host's CPU: the generic x86-64 target has no AVX and is ~10x slower."""
-    return tvm.target.Target.from_device("cpu")
+    from ..hostcpu import host_target as detected
+
+    return detected()
 
 
 def cuda_max_shared_bytes(target: tvm.target.Target) -> int:
