@@ -67,10 +67,10 @@ def mlp_model(seed: int = 0) -> onnx.ModelProto:
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = THREADS
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    from verify.timing import ort_timing_options
+
+    return ort.InferenceSession(model.SerializeToString(), ort_timing_options(THREADS),
+                                providers=["CPUExecutionProvider"])
 
 
 def _neighbour(seed: int, stop: multiprocessing.synchronize.Event) -> None:
@@ -131,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--neighbours", type=int, default=0, metavar="N",
                         help="also run N bursty CPU hogs throughout (a noisy co-tenant); 0 = as the machine is")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runtime", choices=["ort", "tvm"], default="ort",
+                        help="what the candidate runs: ORT (default) or the fuseguard-compiled TVM build of the "
+                             "same MLP, gated against ORT as the reference as `pytest` does")
     args = parser.parse_args(argv)
+    if args.runtime == "tvm":  # before TVM's runtime starts its thread pool
+        from verify.timing import timing_env
+
+        os.environ.update(timing_env(THREADS))
     with neighbours(args.neighbours, args.seed):
         return _run(args)
 
@@ -154,7 +161,20 @@ def _run(args: argparse.Namespace) -> int:
         return call
 
     reference = workload(ref_sess, K)
-    variants = {0.0: workload(cand_sess, K)} | {lvl: workload(cand_sess, round(K * (1 + lvl))) for lvl in LEVELS}
+    if args.runtime == "tvm":
+        from compiler.pipeline import compile_model
+
+        once = compile_model(model).time_fn(feed)
+
+        def tvm_workload(k: int):
+            def call() -> None:
+                for _ in range(k):
+                    once()
+            return call
+
+        variants = {0.0: tvm_workload(K)} | {lvl: tvm_workload(round(K * (1 + lvl))) for lvl in LEVELS}
+    else:
+        variants = {0.0: workload(cand_sess, K)} | {lvl: workload(cand_sess, round(K * (1 + lvl))) for lvl in LEVELS}
 
     def run(level: float, n: int, warmup: int = 1) -> Measurement:
         got = measure_interleaved({"candidate": variants[level], "reference": reference}, warmup=warmup,
@@ -162,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         return Measurement.of(got["candidate"], got["reference"], "onnxruntime")
 
     # Ground truth: each variant against the original, interleaved, many samples.
-    console.print(f"[bold]gate power[/]: ORT MLP {LAYERS}x{WIDTH} batch {BATCH}, {THREADS} thread, "
+    console.print(f"[bold]gate power[/]: {args.runtime.upper()} MLP {LAYERS}x{WIDTH} batch {BATCH}, {THREADS} thread, "
                   f"{K} runs per call, {os.cpu_count()} CPUs, {args.neighbours} noisy neighbours; "
                   f"measuring true slowdowns ...")
     truth: dict[float, float] = {0.0: 1.0}
