@@ -49,7 +49,10 @@ def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
     entry["iqr_ms"] /= 2
     entry["normalised"] = entry["median_ms"] / entry["reference_median_ms"]
     path.write_text(json.dumps(doc))
-    slow = run_pytest("--baseline-dir", str(tmp_path))
+    for _ in range(3):  # a neighbour busy on this shared host makes the gate say "inconclusive": measure again
+        slow = run_pytest("--baseline-dir", str(tmp_path), "-s")
+        if "host busy" not in slow.stdout:
+            break
     assert slow.returncode == 1, slow.stdout
     assert "latency regression: conv_bn_relu: slower" in slow.stdout
 
