@@ -94,8 +94,14 @@ class Samples:
 
     @property
     def usable_ms(self) -> np.ndarray:
-        """What a comparison should use: the unpreempted samples if at least MIN_CLEAN, else all samples."""
-        if self.preempted is None or self.n_clean == self.n or self.n_clean < min(MIN_CLEAN, self.n):
+        """What a comparison should use: the unpreempted samples when they are at least MIN_CLEAN and at
+        least half of the run, else all samples.
+
+        For a long sample (a 50 ms ResNet-50 run on 2 vCPUs) being preempted is the normal state: the few
+        samples that escaped it are the fastest tail, and comparing 5 of those against another run's 7
+        called an unchanged model 12% slower in CI. Preemption is then part of the distribution."""
+        clean = self.n_clean
+        if self.preempted is None or clean == self.n or clean < max(min(MIN_CLEAN, self.n), self.n / 2):
             return self.ms
         return self.ms[np.asarray(self.preempted) == 0]
 
