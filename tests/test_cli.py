@@ -100,3 +100,13 @@ def test_hang_times_out_and_the_run_goes_on() -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "timed out after 20 s while verifying conv_bn_relu" in proc.stderr
     assert any("mlp_gelu" in line and "PASS" in line for line in proc.stdout.splitlines())
+
+
+def test_bench_json_has_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(out.read_text()).values()
+    for key in ("tvm_fused_ms", "tvm_unfused_ms", "ort_ms", "ort_noopt_ms", "compile_s"):
+        assert entry[key] > 0, key
+    assert "fused / ORT" in proc.stdout
