@@ -368,6 +368,9 @@ def _baseline(args: argparse.Namespace) -> int:
                 record(path, key, entry)
             print(f"recorded {len(entries)} entries from {args.pytest_benchmark} into {path}")
         return EXIT_OK
+    from .gate import Gate, load_gate_config
+
+    gate = Gate.from_config(load_gate_config(None, path.parent))
     if not args.models:
         from suites.test_latency import LATENCY_SET, latency_spec
 
@@ -382,7 +385,7 @@ def _baseline(args: argparse.Namespace) -> int:
         for source in sources:
             try:
                 result, run, key = gate_model(worker, source, options=options, path=path,
-                                              update=args.action == "update", timeout=args.timeout)
+                                              update=args.action == "update", timeout=args.timeout, gate=gate)
             except WorkerFailure as err:
                 print(f"fuseguard: error: {str(err).splitlines()[0]}", file=sys.stderr)
                 worst = max(worst, EXIT_MISMATCH)

@@ -373,3 +373,29 @@ class Gate:
         """Gate ``key`` with its policy; ``baselines`` is the arch's file (looked up) or the entry itself."""
         entry = baselines.lookup(key) if isinstance(baselines, BaselineFile) else baselines
         return compare(name or key, candidate, entry, policy=self.policy_for(key), more=more)
+
+
+def load_gate_config(path: str | None, baseline_dir: Any) -> dict[str, dict[str, Any]]:
+    """Per-model overrides: the given file, else `gate.json` beside the baselines, else none.
+
+    The repository's `baselines/gate.json` loosens ResNet-50 to 1.2x: its TVM build runs in one of two
+    speeds depending on the process (measured: 1.01x and 1.12x of the same baseline, both reproducible in
+    a fresh process), so 10% would gate on that placement lottery rather than on the code.
+    """
+    import json
+    from pathlib import Path
+
+    from compiler.errors import BaselineError
+
+    file = Path(path) if path else Path(baseline_dir) / "gate.json"
+    if not file.exists():
+        if path:
+            raise BaselineError(f"{file}: no such gate config")
+        return {}
+    try:
+        doc = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise BaselineError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise BaselineError(f'{file}: expected {{"model": {{"factor": 1.2, ...}}, ...}}')
+    return doc

@@ -44,7 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="also write this run's entries to DIR/<arch>.json (a candidate baseline, e.g. for CI "
                          "artifacts)")
     group.addoption("--gate-config", default=None, metavar="FILE.json",
-                    help='per-model gate overrides, e.g. {"resnet50": {"factor": 1.2}}')
+                    help='per-model gate overrides, e.g. {"resnet50": {"factor": 1.2}} '
+                         "(default: gate.json in the baseline directory, when present)")
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 
@@ -132,10 +133,9 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
     cfg = request.config
     directory = Path(cfg.getoption("--baseline-dir") or BASELINE_DIR)
     path = baseline_path(compile_options, directory)
-    overrides = {}
-    if cfg.getoption("--gate-config"):
-        overrides = json.loads(Path(cfg.getoption("--gate-config")).read_text())
-    gate = Gate.from_config(overrides)
+    from .gate import load_gate_config
+
+    gate = Gate.from_config(load_gate_config(cfg.getoption("--gate-config"), directory))
     candidate = cfg.getoption("--baseline-candidate")
 
     def run(source: Any):
