@@ -781,7 +781,7 @@ def run_bisect(args: argparse.Namespace) -> int:
     from compiler.pipeline import CompileOptions
     from compiler.plugins import load_plugins
 
-    from .core import SuiteSpec
+    from .core import SuiteSpec, resolve_model_arg
 
     load_plugins(args.plugin)
     options = CompileOptions(gpu_arch=args.gpu_arch, mcpu=args.mcpu, disabled_patterns=frozenset(args.disable_pattern),
@@ -790,18 +790,10 @@ def run_bisect(args: argparse.Namespace) -> int:
     if args.atol is not None or args.rtol is not None:
         tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
                                rtol=args.rtol if args.rtol is not None else 1e-4)
-    source: Any = args.model
     shapes = dict(parse_shape_spec(s) for s in args.shape)
-    if not Path(args.model).exists() and not args.model.endswith(".onnx"):
-        from suites.models import get_model
-
-        try:
-            m = get_model(args.model)
-        except KeyError:
-            raise UsageError(f"{args.model}: no such file, and not a built-in suite model") from None
-        if shapes:
-            raise UsageError("--shape needs a MODEL.onnx (a built-in suite model pins its own shapes)")
-        source = SuiteSpec(m.name, tuple(sorted(m.default_dims.items())), seed=args.seed)
+    source: Any = resolve_model_arg(args.model, seed=args.seed)
+    if isinstance(source, SuiteSpec) and shapes:
+        raise UsageError("--shape needs a MODEL.onnx (a built-in suite model pins its own shapes)")
     # In a worker: a native crash or hang in TVM at this commit is "cannot test" (125), not a dead bisect.
     from compiler.plugins import env_for
 

@@ -253,37 +253,24 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
     console.print(table)
 
 
-def _suite_dims(m: Any, args: argparse.Namespace) -> tuple[tuple[str, int], ...]:
-    dims = dict(m.default_dims)
+def _dim_overrides(args: argparse.Namespace) -> dict[str, int]:
+    dims: dict[str, int] = {}
     for item in args.dim:
         name, _, value = item.partition("=")
         if not value.isdigit() or int(value) < 1:
             raise UsageError(f"--dim {item!r}: expected NAME=N with N >= 1")
-        if name in dims:
-            dims[name] = int(value)
-    return tuple(sorted(dims.items()))
+        dims[name] = int(value)
+    return dims
 
 
 def _sources(args: argparse.Namespace) -> list[Any]:
-    from suites.models import get_model, suite_models
+    from suites.models import suite_models
 
-    from .core import SuiteSpec
+    from .core import resolve_model_arg
 
-    if not args.models:
-        return [SuiteSpec(m.name, _suite_dims(m, args), seed=getattr(args, "seed", 0))
-                for m in suite_models(include_slow=not args.quick)]
-    sources: list[Any] = []
-    for item in args.models:
-        if not Path(item).exists() and not item.endswith(".onnx"):
-            try:
-                m = get_model(item)
-            except KeyError:
-                raise UsageError(f"{item}: no such file, and not a built-in suite model "
-                                 f"({', '.join(s.name for s in suite_models())})") from None
-            sources.append(SuiteSpec(m.name, _suite_dims(m, args), seed=getattr(args, "seed", 0)))
-        else:
-            sources.append(item)
-    return sources
+    dims, seed = _dim_overrides(args), getattr(args, "seed", 0)
+    names = args.models or [m.name for m in suite_models(include_slow=not args.quick)]
+    return [resolve_model_arg(item, dims=dims, seed=seed) for item in names]
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.errors import FuseguardError, InputError, ModelError
+from compiler.errors import FuseguardError, InputError, ModelError, UsageError
 from compiler.onnx_loader import LoadedModel, error_line, load
 from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel, compile_model
@@ -42,6 +42,25 @@ class SuiteSpec:
     @property
     def label(self) -> str:
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in self.dims) + "]" if self.dims else "")
+
+
+def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None, seed: int = 0) -> "str | SuiteSpec":
+    """A MODEL argument: an existing file (or anything named *.onnx) stays a path; otherwise it must be a
+    built-in suite model, returned as a SuiteSpec at its default dims overlaid with `dims` (unknown dim
+    names are ignored, so one `--dim seq=128` can apply to a mixed list of models)."""
+    from pathlib import Path
+
+    if Path(item).exists() or item.endswith(".onnx"):
+        return item
+    from suites.models import get_model, suite_models
+
+    try:
+        model = get_model(item)
+    except KeyError:
+        raise UsageError(f"{item}: no such file, and not a built-in suite model "
+                         f"({', '.join(s.name for s in suite_models())})") from None
+    merged = {**model.default_dims, **{k: v for k, v in (dims or {}).items() if k in model.default_dims}}
+    return SuiteSpec(model.name, tuple(sorted(merged.items())), seed=seed)
 
 
 @dataclass
