@@ -315,7 +315,7 @@ def load_model(source: str | os.PathLike | bytes | onnx.ModelProto, *, name: str
     if model.functions:
         model = _inline_functions(model, label)
     if check_ops:
-        from .importer import check_supported  # lazy: imports TVM
+        from .op_support import check_supported
 
         check_supported(model, label)
     _check_names(model, label)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import onnx
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from . import cost, patterns, report
@@ -116,7 +117,7 @@ class CompiledModel:
         dev = self.device()
         args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
         out = self.vm()["main"](*args)
-        return [np.asarray(t.numpy()) for t in _flatten(out)]
+        return [_to_numpy(t) for t in _flatten(out)]
 
     def time_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
         """A closure that runs the model once on pre-uploaded inputs (for timing)."""
@@ -136,8 +137,20 @@ class CompiledModel:
         return generated_source(self.executable, "cuda")
 
 
-def _flatten(value: Any) -> list[Any]:
+def _to_numpy(value: Any) -> np.ndarray:
+    """One VM output as an array: a tensor, a shape value (ONNX `Shape` output, int64) or a scalar."""
     if isinstance(value, tvm.runtime.Tensor):
+        return np.asarray(value.numpy())
+    if isinstance(value, tvm_ffi.Shape):
+        return np.asarray(list(value), dtype=np.int64)
+    if isinstance(value, (bool, int, float, np.generic)):
+        return np.asarray(value)
+    raise TypeError(f"unexpected VM output of type {type(value).__name__}")
+
+
+def _flatten(value: Any) -> list[Any]:
+    """The VM's (possibly nested) result as a flat list of outputs; a shape value is one output."""
+    if isinstance(value, (tvm.runtime.Tensor, tvm_ffi.Shape)):
         return [value]
     if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
         out: list[Any] = []
@@ -194,6 +207,10 @@ def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decis
                     seen[key] = len(log)
                     log.append(decision)
                 elif decision.fused:
+                    earlier = log[seen[key]]
+                    if not earlier.fused and earlier.variant != decision.variant:
+                        # keep why the more specific variant was refused (e.g. not convex): explainable
+                        decision.reason += f"; variant {earlier.variant} refused: {earlier.reason}"
                     log[seen[key]] = decision
                 if "root" in ctx.annotated_expr:
                     by_root[ctx.annotated_expr["root"]] = seen[key]

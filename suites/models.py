@@ -14,16 +14,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from suites import light
-
-if TYPE_CHECKING:
-    from hypothesis.strategies import SearchStrategy
 
 Dims = dict[str, int]
 Shape = tuple[int, ...]
@@ -137,12 +134,6 @@ class SuiteModel:
             name: self.samplers.get(name, standard_normal)(shape, rng)
             for name, shape in self.input_shapes(dims).items()
         }
-
-    def dims_strategy(self) -> SearchStrategy[Dims]:
-        """Hypothesis strategy of dims dicts within ``dim_ranges``."""
-        from suites.strategies import dims_for  # hypothesis is a test-only dependency
-
-        return dims_for(self)
 
 
 # --------------------------------------------------------------------------------------------

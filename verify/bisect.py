@@ -692,9 +692,10 @@ class _Bisector:
 
 def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
                  options: "CompileOptions | None" = None,
-                 inputs: Mapping[str, np.ndarray] | str | Path | None = None, seed: int = 0,
+                 inputs: Mapping[str, np.ndarray] | str | Path | None = None, seed: int | None = None,
                  tolerances: Tolerances = None, out_dir: str | Path = "fuseguard-bisect", *,
-                 name: str | None = None, confirm: bool = True, strategy: str = "capture") -> BisectResult:
+                 name: str | None = None, confirm: bool = True, strategy: str = "capture",
+                 default_dim: int | None = None) -> BisectResult:
     """Localise output drift to one fused group (blame: fusion) or one lowered operator (import/lowering).
 
     `source`: ONNX path/bytes/ModelProto, a `LoadedModel` or a `verify.core.SuiteSpec`. `inputs`: arrays
@@ -719,9 +720,10 @@ def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     load_env_plugins()
     if isinstance(source, SuiteSpec):
         name = name or source.label
-        seed = source.seed if seed == 0 else seed
+        seed = source.seed if seed is None else seed
         source = source.build()
-    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name)
+    seed = 0 if seed is None else seed
+    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name, default_dim=default_dim)
     try:
         imported = import_model(loaded)
     except FuseguardError as err:
@@ -748,28 +750,17 @@ def add_bisect_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "inputs agree. Writes a reproducer (sub-model + inputs). Exit codes for `git bisect run`: "
                     "0 no drift, 1 drift, 125 cannot be built at this commit, 2 usage error.")
     p.add_argument("model", metavar="MODEL", help="an ONNX file or a built-in suite model name")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
-                   help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
-    p.add_argument("--inputs", default=None, metavar="FILE.npz", help="input arrays keyed by input name")
-    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    p.add_argument("--gpu-arch", default=None, metavar="ARCH", help="compile for CUDA sm_XX (needs a CUDA device to run)")
-    p.add_argument("--mcpu", default=None, help="LLVM CPU for the host target (default: detected)")
-    p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME",
-                   help="turn one fusion pattern off (repeatable)")
-    p.add_argument("--no-schedule", action="store_true", help="build without CPU schedules (naive loops)")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import a module that registers fusion patterns or passes (repeatable)")
-    p.add_argument("--atol", type=float, default=None, help="absolute tolerance for float tensors")
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance for float tensors")
+    from .options import BISECT_TIMEOUT_S, add_build_options, add_compare_options, add_model_options
+
+    add_build_options(p.add_argument, timeout=BISECT_TIMEOUT_S)
+    add_model_options(p.add_argument)
+    add_compare_options(p.add_argument)
     p.add_argument("--out", default="fuseguard-bisect", metavar="DIR",
                    help="where the reproducer goes (default ./fuseguard-bisect)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON")
     p.add_argument("--no-confirm", action="store_true", help="do not re-verify the reproducer (saves two builds)")
     p.add_argument("--onnx-order", action="store_true",
                    help="for import/lowering drift, bisect ONNX node order instead of using captured kernels")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                   help="limit for the whole bisection in its worker (default 1800 s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
@@ -778,26 +769,23 @@ def run_bisect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from compiler.onnx_loader import parse_shape_spec
-    from compiler.pipeline import CompileOptions
     from compiler.plugins import load_plugins
 
-    from .core import SuiteSpec, resolve_model_arg
+    from .core import SuiteSpec, dim_overrides, resolve_model_arg
+    from .options import compile_options, getter
+    from .options import tolerances as tolerances_from
 
     load_plugins(args.plugin)
-    options = CompileOptions(gpu_arch=args.gpu_arch, mcpu=args.mcpu, disabled_patterns=frozenset(args.disable_pattern),
-                             schedule=not args.no_schedule)
-    tolerances = None
-    if args.atol is not None or args.rtol is not None:
-        tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
-                               rtol=args.rtol if args.rtol is not None else 1e-4)
+    options = compile_options(getter(args))
+    tolerances = tolerances_from(args.atol, args.rtol)
     shapes = dict(parse_shape_spec(s) for s in args.shape)
-    source: Any = resolve_model_arg(args.model, seed=args.seed)
+    source: Any = resolve_model_arg(args.model, dims=dim_overrides(args.dim), seed=args.seed)
     if isinstance(source, SuiteSpec) and shapes:
         raise UsageError("--shape needs a MODEL.onnx (a built-in suite model pins its own shapes)")
     # In a worker: a native crash or hang in TVM at this commit is "cannot test" (125), not a dead bisect.
     from compiler.plugins import env_for
 
-    from .worker import Worker, WorkerFailure
+    from .worker import Worker, WorkerFailure, WorkerTaskError
 
     label = source.label if isinstance(source, SuiteSpec) else str(source)
     with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
@@ -805,10 +793,14 @@ def run_bisect(args: argparse.Namespace) -> int:
             result = worker.call("verify.bisect:bisect_model", what=f"bisecting {label}", timeout=args.timeout,
                                  source=source, shapes=shapes or None, options=options, inputs=args.inputs,
                                  seed=args.seed, tolerances=tolerances, out_dir=args.out,
-                                 confirm=not args.no_confirm,
+                                 confirm=not args.no_confirm, default_dim=args.default_dim,
                                  strategy="onnx-order" if args.onnx_order else "capture")
-        except WorkerFailure as err:
-            print(f"fuseguard: cannot test: {str(err).splitlines()[0]}", file=sys.stderr)
+        except (WorkerFailure, WorkerTaskError) as err:
+            # A crash, a hang or an exception in the bisection at this commit: "cannot test" (125) for
+            # `git bisect run`, never 1 (= "bad").
+            if args.debug and getattr(err, "remote_traceback", None):
+                print(err.remote_traceback, file=sys.stderr)
+            print(f"fuseguard: cannot test: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
             return EXIT_UNTESTABLE
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(result.render())

@@ -29,25 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_build_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
-                   help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="free dimension of a built-in suite model, e.g. seq=128 or batch=2 (repeatable)")
-    p.add_argument("--default-dim", type=int, default=None, metavar="N",
-                   help="value for every dynamic dimension not pinned by --shape or --inputs "
-                        "(default: 1 for batch, 224 for image height/width, 16 otherwise)")
-    p.add_argument("--gpu-arch", default=None, metavar="ARCH",
-                   help="compile for CUDA sm_80/sm_86/sm_89/sm_90; the run is skipped without a CUDA device")
-    p.add_argument("--mcpu", default=None, help="LLVM CPU for the host target (default: detected)")
-    p.add_argument("--no-fusion", action="store_true", help="turn every fusion off")
-    p.add_argument("--disable-pattern", action="append", default=[], metavar="NAME",
-                   help="turn one fusion pattern off (repeatable); see `fuseguard patterns`")
-    p.add_argument("--no-schedule", action="store_true", help="build without CPU schedules (naive loops)")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import a Python module that registers fusion patterns or passes (repeatable)")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
-                   help="per-model limit for compile + run in the worker (default 900 s)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    from .options import add_build_options, add_model_options
+
+    add_model_options(p.add_argument)
+    add_build_options(p.add_argument)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,11 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or built-in suite model names "
                    "(none: the whole built-in suite)")
     _add_build_options(v)
-    v.add_argument("--inputs", default=None, metavar="FILE.npz",
-                   help="input arrays keyed by input name (missing inputs are drawn at random)")
-    v.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    v.add_argument("--atol", type=float, default=None, help="absolute tolerance for float outputs")
-    v.add_argument("--rtol", type=float, default=None, help="relative tolerance for float outputs")
+    from .options import add_compare_options
+
+    add_compare_options(v.add_argument)
     v.add_argument("--output-tol", action="append", default=[], metavar="NAME=ATOL[,RTOL]",
                    help="tolerance for one output, e.g. logits=1e-3,1e-3 (repeatable)")
     v.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
@@ -95,10 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace):
-    from compiler.pipeline import CompileOptions
+    from .options import compile_options, getter
 
-    return CompileOptions(gpu_arch=args.gpu_arch, mcpu=args.mcpu, fusion=not args.no_fusion,
-                          disabled_patterns=frozenset(args.disable_pattern), schedule=not args.no_schedule)
+    return compile_options(getter(args))
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -124,10 +106,9 @@ def _verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
                          f"known: {', '.join(pattern_names())}")
     shapes = dict(parse_shape_spec(s) for s in args.shape)
-    tolerances = None
-    if args.atol is not None or args.rtol is not None:
-        tolerances = Tolerance(atol=args.atol if args.atol is not None else 1e-4,
-                               rtol=args.rtol if args.rtol is not None else 1e-4)
+    from .options import tolerances as tolerances_from
+
+    tolerances = tolerances_from(args.atol, args.rtol)
     if shapes and not args.models:
         raise UsageError("--shape needs a MODEL.onnx (the built-in suite pins its own shapes)")
     sources = _sources(args)
@@ -155,40 +136,28 @@ def _verify(args: argparse.Namespace) -> int:
                           default_dim=args.default_dim)
             try:
                 verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
+                rows.append(_report_verdict(verdict, label, source, results, console, args))
+                if not verdict.passed:
+                    worst = max(worst, EXIT_MISMATCH)
             except FuseguardError as err:
                 if args.debug and getattr(err, "remote_traceback", None):
                     print(err.remote_traceback, file=sys.stderr)
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
-                                "error": str(err)})
-                rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
-                continue
+                message, code = str(err), err.exit_code
             except (WorkerFailure, WorkerTaskError) as err:
-                message = str(err) if args.debug else str(err).split("\n--- last lines", 1)[0]
-                print(f"fuseguard: error: {label}: {message}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
-                results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
-                                "error": str(err)})
-                rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
+                message = f"{label}: " + (str(err) if args.debug else str(err).split("\n--- last lines", 1)[0])
+                code = EXIT_MISMATCH
+            except Exception as err:  # noqa: BLE001 - a harness bug on one model must not end the run
+                if args.debug:
+                    traceback.print_exc()
+                message = f"{label}: internal error: {type(err).__name__}: {err} (--debug shows the traceback)"
+                code = EXIT_MISMATCH
+            else:
                 continue
-            results.append({**verdict.to_dict(), "source": str(getattr(source, "name", source))})
-            for w in verdict.warnings:
-                print(f"fuseguard: warning: {w}", file=sys.stderr)
-            for build in (verdict.fused, verdict.unfused):
-                if build.error:
-                    print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
-            if not verdict.passed:
-                worst = max(worst, EXIT_MISMATCH)
-                for build in (verdict.fused, verdict.unfused):
-                    if build.compare is not None and not build.compare:
-                        print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
-                              f"{build.compare.summary()}", file=sys.stderr)
-            if args.report:
-                rep = _report_from_dict(verdict.fused.report)
-                if rep is not None:
-                    console.print(rep)
-            rows.append(_row(verdict))
+            print(f"fuseguard: error: {message}", file=sys.stderr)
+            worst = max(worst, code)
+            results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
+                            "error": message})
+            rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
     finally:
         worker.close()
 
@@ -199,6 +168,26 @@ def _verify(args: argparse.Namespace) -> int:
         atomic_write_json(args.json, {"target": options.gpu_arch or "cpu", "config": options.config_label,
                                       "models": results})
     return worst
+
+
+def _report_verdict(verdict, label: str, source: Any, results: list, console, args: argparse.Namespace):
+    """Print one model's warnings, errors, mismatches and report; record its JSON; return its table row."""
+    results.append({**verdict.to_dict(), "source": str(getattr(source, "name", source))})
+    for w in verdict.warnings:
+        print(f"fuseguard: warning: {w}", file=sys.stderr)
+    for build in (verdict.fused, verdict.unfused):
+        if build.error:
+            print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
+    if not verdict.passed:
+        for build in (verdict.fused, verdict.unfused):
+            if build.compare is not None and not build.compare:
+                print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
+                      f"{build.compare.summary()}", file=sys.stderr)
+    if args.report:
+        rep = _report_from_dict(verdict.fused.report)
+        if rep is not None:
+            console.print(rep)
+    return _row(verdict)
 
 
 def _report_from_dict(rep: dict[str, Any]):
@@ -234,9 +223,14 @@ def _row(verdict) -> tuple[str, ...]:
     status = verdict.status
     colour = {"PASS": "green", "COMPILED": "yellow", "FAIL": "red", "ERROR": "red"}[status]
     shown = status if not verdict.skipped_run else f"COMPILED ({verdict.skipped_run})"
-    groups = f"{verdict.fused.groups} ({verdict.fused.pattern_groups} pattern)"
+    # A build that failed has no groups and no compile time: "-", never a 0 that reads like a result.
+    groups = "-" if verdict.fused.error else f"{verdict.fused.groups} ({verdict.fused.pattern_groups} pattern)"
+
+    def secs(build) -> str:
+        return "-" if build.error else f"{build.compile_s:.1f}"
+
     return (verdict.model, str(verdict.nodes), groups, _fmt_err(verdict.fused), _fmt_err(verdict.unfused),
-            f"[{colour}]{shown}[/]", f"{verdict.fused.compile_s:.1f} / {verdict.unfused.compile_s:.1f}")
+            f"[{colour}]{shown}[/]", f"{secs(verdict.fused)} / {secs(verdict.unfused)}")
 
 
 def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
@@ -253,22 +247,12 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
     console.print(table)
 
 
-def _dim_overrides(args: argparse.Namespace) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for item in args.dim:
-        name, _, value = item.partition("=")
-        if not value.isdigit() or int(value) < 1:
-            raise UsageError(f"--dim {item!r}: expected NAME=N with N >= 1")
-        dims[name] = int(value)
-    return dims
-
-
 def _sources(args: argparse.Namespace) -> list[Any]:
     from suites.models import suite_models
 
-    from .core import resolve_model_arg
+    from .core import dim_overrides, resolve_model_arg
 
-    dims, seed = _dim_overrides(args), getattr(args, "seed", 0)
+    dims, seed = dim_overrides(args.dim), getattr(args, "seed", None)
     names = args.models or [m.name for m in suite_models(include_slow=not args.quick)]
     return [resolve_model_arg(item, dims=dims, seed=seed) for item in names]
 
@@ -359,7 +343,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
     gate = Gate.from_config(load_gate_config(None, path.parent))
     if not args.models:
-        from suites.test_latency import LATENCY_SET, latency_spec
+        from suites.latency_set import LATENCY_SET, latency_spec
 
         sources = [latency_spec(name) for name in LATENCY_SET]
     else:

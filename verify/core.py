@@ -44,7 +44,19 @@ class SuiteSpec:
         return self.name + ("[" + ",".join(f"{k}={v}" for k, v in self.dims) + "]" if self.dims else "")
 
 
-def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None, seed: int = 0) -> "str | SuiteSpec":
+def dim_overrides(items: Sequence[str]) -> dict[str, int]:
+    """`--dim NAME=N` values as a dict (N >= 1)."""
+    dims: dict[str, int] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--dim {item!r}: expected NAME=N with N >= 1")
+        dims[name] = int(value)
+    return dims
+
+
+def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None,
+                      seed: int | None = None) -> "str | SuiteSpec":
     """A MODEL argument: an existing file (or anything named *.onnx) stays a path; otherwise it must be a
     built-in suite model, returned as a SuiteSpec at its default dims overlaid with `dims` (unknown dim
     names are ignored, so one `--dim seq=128` can apply to a mixed list of models)."""
@@ -60,7 +72,7 @@ def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None, seed:
         raise UsageError(f"{item}: no such file, and not a built-in suite model "
                          f"({', '.join(s.name for s in suite_models())})") from None
     merged = {**model.default_dims, **{k: v for k, v in (dims or {}).items() if k in model.default_dims}}
-    return SuiteSpec(model.name, tuple(sorted(merged.items())), seed=seed)
+    return SuiteSpec(model.name, tuple(sorted(merged.items())), seed=seed or 0)
 
 
 @dataclass
@@ -82,9 +94,12 @@ class BuildResult:
 
     @property
     def max_abs_error(self) -> float | None:
-        if self.compare is None or not len(self.compare):
+        """The worst finite error over outputs that have one (a shape mismatch or a missing output has
+        none); None when no output has one."""
+        if self.compare is None:
             return None
-        return max(r.max_abs_error for r in self.compare.values())
+        errors = [r.max_abs_error for r in self.compare.values() if r.max_abs_error is not None]
+        return max(errors) if errors else None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k not in ("compare",)}
@@ -172,15 +187,18 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
 
 
 def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                 options: CompileOptions = CompileOptions(), seed: int = 0, inputs_file: str | None = None,
+                 options: CompileOptions = CompileOptions(), seed: int | None = None, inputs_file: str | None = None,
                  tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,
                  name: str | None = None, default_dim: int | None = None) -> ModelVerdict:
-    """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare."""
+    """Build fused and unfused, run both and ONNX Runtime on the same seeded inputs, compare.
+
+    `seed=None` takes a suite model's own seed (0 for files); any int, 0 included, overrides it."""
     load_env_plugins()
     if isinstance(source, SuiteSpec):
         name = name or source.label
-        seed = source.seed if seed == 0 else seed
+        seed = source.seed if seed is None else seed
         source = source.build()
+    seed = 0 if seed is None else seed
     user = load_npz(inputs_file) if inputs_file else None
     loaded = load(source, shapes, name=name, default_dim=default_dim,
                   shape_hints={k: a.shape for k, a in user.items()} if user else None)

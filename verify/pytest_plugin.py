@@ -21,19 +21,11 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fuseguard")
-    group.addoption("--gpu-arch", default=None, metavar="ARCH",
-                    help="compile the suites for this CUDA architecture (sm_80, sm_86, sm_89, sm_90); "
-                         "the device run is skipped when no CUDA device is present")
-    group.addoption("--no-fusion", action="store_true", default=False,
-                    help="build the 'fused' side with every fusion off (the unfused fallback)")
-    group.addoption("--disable-pattern", action="append", default=[], metavar="NAME",
-                    help="turn one fusion pattern off (repeatable)")
-    group.addoption("--no-schedule", action="store_true", default=False,
-                    help="build without CPU schedules (TVM's naive loops)")
-    group.addoption("--fuseguard-plugin", action="append", default=[], metavar="MODULE",
-                    help="import a module that registers fusion patterns or passes (repeatable)")
-    group.addoption("--fuseguard-timeout", type=float, default=900.0, metavar="S",
-                    help="per-model limit for compile + run in the worker (default 900 s)")
+    from .options import PYTEST_PREFIX, add_build_options
+
+    # The same definitions as the CLI's (verify/options.py); --plugin and --timeout are spelled
+    # --fuseguard-plugin and --fuseguard-timeout here.
+    add_build_options(group.addoption, PYTEST_PREFIX, debug=False)
     group.addoption("--update-baselines", action="store_true", default=False,
                     help="record this run's latencies into baselines/<arch>.json (locked, atomic)")
     group.addoption("--strict-baselines", action="store_true", default=False,
@@ -77,12 +69,9 @@ def gpu_arch(request: pytest.FixtureRequest) -> str | None:
 @pytest.fixture(scope="session")
 def compile_options(request: pytest.FixtureRequest):
     """The CompileOptions the command line asks for (the 'fused' side of every comparison)."""
-    from compiler.pipeline import CompileOptions
+    from .options import PYTEST_PREFIX, compile_options, getter
 
-    cfg = request.config
-    return CompileOptions(gpu_arch=cfg.getoption("--gpu-arch"), fusion=not cfg.getoption("--no-fusion"),
-                          disabled_patterns=frozenset(cfg.getoption("--disable-pattern")),
-                          schedule=not cfg.getoption("--no-schedule"))
+    return compile_options(getter(config=request.config, prefix=PYTEST_PREFIX))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,145 @@
+"""Build, model and tolerance options, defined once and shared by the CLI, `fuseguard bisect` and pytest.
+
+pytest-benchmark's pattern: each group is an `add_*_options(addoption, prefix)` function over a plain
+`addoption` callable, so `argparse.ArgumentParser.add_argument` and pytest's `group.addoption` take the
+same definitions. Under pytest every option is also spelled with the `fuseguard-` prefix; the names
+that cannot collide with other plugins (`--gpu-arch`, `--no-fusion`, ...) keep their short form too, as
+the README documents. Values are checked at parse time (`type=` functions raising `ArgumentTypeError`).
+
+`compile_options(get)` and `tolerances(atol, rtol)` turn parsed values into the objects the pipeline
+and the comparator take: one place builds them, whatever the entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+AddOption = Callable[..., Any]
+
+#: pytest spelling prefix; `--plugin`/`--timeout`/`--debug` exist only prefixed there (pytest-timeout
+#: owns `--timeout`, and `--debug` is pytest's own).
+PYTEST_PREFIX = "fuseguard-"
+_PREFIX_ONLY = {"plugin", "timeout", "debug"}
+
+#: Per-model limit for compile + run in the worker. DenseNet-121 builds in ~30 s per side here; 900 s
+#: leaves room for a 2-core machine under load. Bisection runs 2-6 builds, so it gets twice as much.
+DEFAULT_TIMEOUT_S = 900.0
+BISECT_TIMEOUT_S = 1800.0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _tolerance_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _names(name: str, prefix: str) -> list[str]:
+    if not prefix:
+        return [f"--{name}"]
+    if name in _PREFIX_ONLY:
+        return [f"--{prefix}{name}"]
+    return [f"--{name}", f"--{prefix}{name}"]
+
+
+def dest(name: str, prefix: str = "") -> str:
+    """The attribute an option lands in (`gpu-arch` -> `gpu_arch`, under pytest `fuseguard_gpu_arch`)."""
+    return (prefix + name).replace("-", "_")
+
+
+def _add(addoption: AddOption, prefix: str, name: str, **kwargs: Any) -> None:
+    addoption(*_names(name, prefix), dest=dest(name, prefix), **kwargs)
+
+
+def add_build_options(addoption: AddOption, prefix: str = "", *, timeout: float = DEFAULT_TIMEOUT_S,
+                      debug: bool = True) -> None:
+    """How a model is compiled: target, fusion switches, plugins, and the worker's limit."""
+    _add(addoption, prefix, "gpu-arch", default=None, metavar="ARCH",
+         help="compile for CUDA sm_80/sm_86/sm_89/sm_90; the device run is skipped without a CUDA device")
+    _add(addoption, prefix, "mcpu", default=None, metavar="CPU", help="LLVM CPU for the host target (default: detected)")
+    _add(addoption, prefix, "no-fusion", action="store_true", default=False,
+         help="turn every fusion off (the unfused fallback)")
+    _add(addoption, prefix, "disable-pattern", action="append", default=[], metavar="NAME",
+         help="turn one fusion pattern off (repeatable); see `fuseguard patterns`")
+    _add(addoption, prefix, "no-schedule", action="store_true", default=False,
+         help="build without CPU schedules (TVM's naive loops)")
+    _add(addoption, prefix, "plugin", action="append", default=[], metavar="MODULE",
+         help="import a Python module that registers fusion patterns or passes (repeatable)")
+    _add(addoption, prefix, "timeout", type=_positive_float, default=timeout, metavar="S",
+         help=f"limit for the work on one model in its worker process (default {timeout:g} s)")
+    if debug:
+        _add(addoption, prefix, "debug", action="store_true", default=False,
+             help="show tracebacks (from the worker too)")
+
+
+def add_model_options(addoption: AddOption, prefix: str = "") -> None:
+    """Which shapes a model is built at."""
+    _add(addoption, prefix, "shape", action="append", default=[], metavar="NAME=DIMS",
+         help="pin an input shape, e.g. input=1x3x224x224 (repeatable)")
+    _add(addoption, prefix, "dim", action="append", default=[], metavar="NAME=N",
+         help="free dimension of a built-in suite model, e.g. seq=128 or batch=2 (repeatable)")
+    _add(addoption, prefix, "default-dim", type=int, default=None, metavar="N",
+         help="value for every dynamic dimension not pinned by --shape or --inputs "
+              "(default: 1 for batch, 224 for image height/width, 16 otherwise)")
+
+
+def add_compare_options(addoption: AddOption, prefix: str = "") -> None:
+    """Which inputs, and how close is close enough."""
+    _add(addoption, prefix, "inputs", default=None, metavar="FILE.npz",
+         help="input arrays keyed by input name (missing inputs are drawn at random)")
+    _add(addoption, prefix, "seed", type=int, default=None,
+         help="seed for random inputs (default: the suite model's own seed, 0 for files)")
+    _add(addoption, prefix, "atol", type=_tolerance_value, default=None,
+         help="absolute tolerance for float outputs (each float dtype keeps its default rtol)")
+    _add(addoption, prefix, "rtol", type=_tolerance_value, default=None,
+         help="relative tolerance for float outputs (each float dtype keeps its default atol)")
+
+
+def getter(namespace: argparse.Namespace | None = None, *, config: Any = None,
+           prefix: str = "") -> Callable[[str], Any]:
+    """`get("gpu-arch")` over an argparse namespace or a pytest config, whichever entry point parsed."""
+    if config is not None:
+        return lambda name: config.getoption(dest(name, prefix))
+    return lambda name: getattr(namespace, dest(name, prefix), None)
+
+
+def compile_options(get: Callable[[str], Any]) -> Any:
+    """The one place that turns parsed options into `CompileOptions`."""
+    from compiler.pipeline import CompileOptions
+
+    return CompileOptions(gpu_arch=get("gpu-arch"), mcpu=get("mcpu"), fusion=not get("no-fusion"),
+                          disabled_patterns=frozenset(get("disable-pattern") or ()),
+                          schedule=not get("no-schedule"))
+
+
+def tolerances(atol: float | None, rtol: float | None) -> Mapping[str, Any] | None:
+    """`--atol`/`--rtol` as a per-dtype table: a bound the user gave replaces that bound for every float
+    dtype; the other bound stays each dtype's default (so `--atol 1e-3` keeps float16's rtol 1e-2)."""
+    if atol is None and rtol is None:
+        return None
+    from .compare import DEFAULT_TOLERANCES, Tolerance
+
+    return {name: Tolerance(atol if atol is not None else tol.atol, rtol if rtol is not None else tol.rtol)
+            for name, tol in DEFAULT_TOLERANCES.items() if name.startswith(("float", "bfloat"))}
+
+
+def option_names(add: Callable[[AddOption, str], None], prefix: str = "") -> set[str]:
+    """Every spelling an `add_*_options` function defines (for the CLI/pytest parity test)."""
+    names: set[str] = set()
+    add(lambda *flags, **_: names.update(flags), prefix)
+    return names
