@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .hardware import Hardware
+from .legality import convexity_violation
 from .patterns import CostEstimate, Match, PatternRule, intermediate_traffic_cost
 
 
@@ -45,6 +46,9 @@ def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, dis
                    predicted_us=estimate.predicted_us)
     if disabled:
         return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", **base, **numbers)
+    illegal = convexity_violation(match.bindings, match.var_usages)
+    if illegal:
+        return Decision(fused=False, reason=illegal, **base, **numbers)
     if rule.check is not None:
         why_not = rule.check(match, hw)
         if why_not:

@@ -84,3 +84,28 @@ def model_cases(models: Sequence[SuiteModel]) -> st.SearchStrategy[tuple[SuiteMo
     return st.sampled_from(list(models)).flatmap(
         lambda model: st.tuples(st.just(model), dims_for(model), seeds())
     )
+
+
+def dag_recipes(family: str | None = None, max_steps: int = 8) -> st.SearchStrategy:
+    """Random DAG recipes (suites/dags.py) over the pattern ops: each step reads earlier values, and
+    operands lean to recent values and to value 0 so that fan-out and residual reconvergence are common."""
+    from suites.dags import FAMILIES, Recipe
+
+    if max_steps < 1:
+        raise ValueError(f"need max_steps >= 1, got {max_steps}")
+    families = [family] if family is not None else sorted(FAMILIES)
+
+    @st.composite
+    def draw(draw_fn) -> Recipe:
+        fam = draw_fn(st.sampled_from(families))
+        ops = FAMILIES[fam]
+        n = draw_fn(st.integers(1, max_steps))
+        steps = []
+        for i in range(n):
+            op = draw_fn(st.sampled_from(sorted(ops)))
+            operands = tuple(draw_fn(st.one_of(st.just(i), st.integers(max(0, i - 2), i), st.integers(0, i)))
+                             for _ in range(ops[op]))
+            steps.append((op, operands))
+        return Recipe(fam, tuple(steps))
+
+    return draw()
