@@ -101,11 +101,22 @@ class FrontendError(ModelError):
 def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
     """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
 
+    - `Dropout` at inference (no training_mode, or a constant false) is the identity and its mask all
+      true (bool, as ONNX says): removed at import. Kept, relax's dropout op sat inside AlexNet's
+      classifier groups as a second output, so the packed matmul schedule refused them and the fused
+      build ran 12x slower than the unfused one.
     - `Sum` of N inputs: the stock converter stacks them and reduces, copying every input once more and
       hiding ResNet's residual add from the Conv+Add+ReLU pattern; a chain of adds computes the same.
     - `Clip` with constant bounds: the stock converter emits opaque TE calls that no pattern can see;
       `relax.op.clip` keeps ReLU6 / HardSwish / HardSigmoid recognisable.
     """
+    if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
+        training = inputs[2] if len(inputs) > 2 else None
+        if training is not None and not (hasattr(training, "value") and not bool(training.value.numpy())):
+            return None         # training mode (or unknown): random, keep the stock converter
+        if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
+            return relax.Tuple([inputs[0]])
+        return relax.Tuple([inputs[0], relax.op.ones_like(inputs[0], dtype="bool")])
     if op_name == "Sum" and len(inputs) >= 1 and all(isinstance(i, relax.Expr) for i in inputs):
         out = inputs[0]
         for other in inputs[1:]:

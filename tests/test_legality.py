@@ -89,3 +89,25 @@ def test_recipe_validation() -> None:
         Recipe("nope", ())
     with pytest.raises(ValueError, match="not in the image family"):
         Recipe("image", (("softmax", (0,)),))
+
+
+def test_inference_dropout_is_removed_at_import() -> None:
+    """AlexNet's classifier: MatMul + Add + ReLU + Dropout. Dropout kept as an op sat in the fused group as a
+    second output and the matmul fell to a generic schedule (fused 12x slower than unfused)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(32, 32)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Dropout", ["r"], ["y", "mask"])], "dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, [4, 32])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    imported = import_model(load(model, name="dropout"))
+    assert "dropout" not in str(imported.mod["main"])
+    verdict = verify_model(model, name="dropout")
+    assert verdict.status == "PASS"
+    mask = verdict.fused.compare["mask"]
+    assert mask.dtype == "bool" and mask.passed
