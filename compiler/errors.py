@@ -34,9 +34,16 @@ class UsageError(FuseguardError):
 
 
 class CompileError(FuseguardError):
-    """TVM failed to compile a model that imported fine (a compiler bug, not bad input)."""
+    """TVM failed to compile a model that imported fine (a compiler bug, not bad input).
+
+    `stage` names the pipeline step that failed (a pass list in compiler/pipeline.py, or "codegen").
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str, *, stage: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 class BaselineError(FuseguardError):

@@ -193,6 +193,20 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
     return prepared
 
 
+def import_folded(loaded: LoadedModel) -> ImportResult:
+    """Import after folding shape computations with ONNX Runtime (the retry path, said in the report)."""
+    label = str(loaded.path) if loaded.path else loaded.name
+    try:
+        prepared = fold_shape_computations(loaded.model)
+    except Exception as err:
+        raise FrontendError(f"{label}: folding shape computations with ONNX Runtime failed: {error_line(err)}"
+                            f"{loaded.shape_hint()}") from err
+    check_supported(prepared, label)
+    result = _raw_import(prepared, loaded, label)
+    result.prepared = True
+    return result
+
+
 def import_model(loaded: LoadedModel) -> ImportResult:
     """Import a loaded model; on failure, fold shape computations with ONNX Runtime and retry once.
 

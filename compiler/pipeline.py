@@ -40,14 +40,17 @@ import tvm_ffi
 from tvm import relax
 
 from . import cost, patterns, report
-from .errors import CompileError, UsageError
+from .errors import CompileError, FuseguardError, UsageError
 from .hardware import Hardware, for_target
-from .importer import ImportResult, import_model, provenance_of
-from .onnx_loader import LoadedModel, load
+from .importer import ImportResult, import_folded, import_model, provenance_of
+from .onnx_loader import LoadedModel, error_line, load
 from .passes import FoldBatchNorm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
+#: Pipeline stages whose failure on a directly imported model is retried through the ONNX Runtime fold
+#: step: they run before anything of fuseguard's, so a failure there is about the imported graph's form.
+EARLY_STAGES = frozenset({"fold_constant", "bn_folding", "decompose", "dce", "legalize"})
 
 PassLike = Callable[[tvm.IRModule], tvm.IRModule]
 _USER_PASSES: dict[str, list[tuple[str, PassLike]]] = {s: [] for s in STAGES}
@@ -283,8 +286,12 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
     def stage(label: str, passes: Sequence[tvm.transform.Pass], m: tvm.IRModule) -> tvm.IRModule:
         start = time.perf_counter()
-        with target:
-            m = tvm.transform.Sequential(list(passes))(m)
+        try:
+            with target:
+                m = tvm.transform.Sequential(list(passes))(m)
+        except Exception as err:  # a TVM pass failing: name the stage, keep the cause for --debug
+            raise CompileError(f"{name}: stage '{label}' failed for {spec.label}: {type(err).__name__}: "
+                               f"{error_line(err)}", stage=label) from err
         rep.stage_s[label] = rep.stage_s.get(label, 0.0) + time.perf_counter() - start
         return m
 
@@ -382,7 +389,8 @@ def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(),
         exe = build(lowered, spec)
     except Exception as err:
         raise CompileError(f"{name}: code generation for {spec.label} failed: {type(err).__name__}: "
-                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}") from err
+                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
+                           stage="codegen") from err
     compile_s = time.perf_counter() - start
     rep.compile_s = compile_s
     params = [p.name for p in mod["main"].params]
@@ -402,9 +410,33 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
     start = time.perf_counter()
     imported: ImportResult = import_model(loaded)
     import_s = time.perf_counter() - start
-    compiled = compile_relax(imported.mod, options, name=loaded.name, input_names=list(loaded.input_shapes),
+
+    def build_from(result: ImportResult) -> CompiledModel:
+        return compile_relax(result.mod, options, name=loaded.name, input_names=list(loaded.input_shapes),
                              input_shapes=loaded.input_shapes, output_names=loaded.output_names,
-                             provenance=lambda names: provenance_of(names, imported))
+                             provenance=lambda names: provenance_of(names, result))
+
+    try:
+        compiled = build_from(imported)
+    except CompileError as err:
+        # Exporters' shape subgraphs (Shape -> Range -> ...) can import as tensors of unknown shape that
+        # the first passes cannot handle (a YOLOv8 head, torchvision's shufflenet): fold them with ONNX
+        # Runtime and build once more, saying so in the report.
+        if imported.prepared or err.stage not in EARLY_STAGES:
+            raise
+        start = time.perf_counter()
+        try:
+            imported = import_folded(loaded)
+        except FuseguardError:
+            raise err from None
+        import_s += time.perf_counter() - start
+        try:
+            compiled = build_from(imported)
+        except CompileError as second:
+            raise CompileError(f"{second} (also after folding shape computations with ONNX Runtime; first "
+                               f"try: stage '{err.stage}')", stage=second.stage) from second
+    if imported.prepared:
+        compiled.report.imported_via = "onnxruntime-fold"
     compiled.report.stage_s["import"] = import_s
     compiled.compile_s += import_s
     return compiled

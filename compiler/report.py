@@ -44,6 +44,8 @@ class FusionReport:
     ops_before_fusion: int = 0    # Relax operator calls after legalisation, before any fusion
     compile_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
+    #: "onnx" (imported as given) or "onnxruntime-fold" (shape subgraphs folded by ONNX Runtime first)
+    imported_via: str = "onnx"
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -58,7 +60,7 @@ class FusionReport:
             "disabled_patterns": list(self.disabled_patterns), "kernels": self.kernels,
             "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
-            "stage_s": dict(self.stage_s),
+            "stage_s": dict(self.stage_s), "imported_via": self.imported_via,
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
@@ -66,8 +68,9 @@ class FusionReport:
     def render(self, *, max_rows: int = 200) -> "object":
         from rich.table import Table
 
+        via = " (imported through ONNX Runtime's shape folding)" if self.imported_via != "onnx" else ""
         table = Table(title=f"fusion report: {self.model} on {self.target} "
-                            f"({len(self.groups)} fused groups, {self.kernels} kernels)")
+                            f"({len(self.groups)} fused groups, {self.kernels} kernels){via}")
         for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
             table.add_column(col, overflow="fold")
         for g in self.groups[:max_rows]:

@@ -286,7 +286,18 @@ def batchnorm_statistics(
     consts: list[onnx.TensorProto] = [numpy_helper.from_array(np.float32(BN_VARIANCE_FLOOR), "calib/floor")]
     fetches: dict[str, str] = {}  # statistic tensor -> the BN input it replaces
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    axes_consts: dict[str, onnx.TensorProto] = {}
+
     def emit(op: str, inputs: list[str], out: str, **attrs: object) -> str:
+        # ReduceMean takes axes as an input from opset 18, Unsqueeze from opset 13.
+        if "axes" in attrs and ((op == "ReduceMean" and opset >= 18) or (op == "Unsqueeze" and opset >= 13)):
+            axes = list(attrs.pop("axes"))  # type: ignore[call-overload]
+            key = "calib/axes_" + "_".join(map(str, axes))
+            if key not in axes_consts:
+                axes_consts[key] = numpy_helper.from_array(np.asarray(axes, np.int64), key)
+                consts.append(axes_consts[key])
+            inputs = [*inputs, key]
         nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
@@ -313,7 +324,8 @@ def batchnorm_statistics(
 
     used = {name for node in nodes for name in node.input}
     fed = {name: value for name, value in params.items() if name in used}
-    (data,) = graph.input
+    initialized = {t.name for t in graph.initializer}
+    (data,) = [i for i in graph.input if i.name not in initialized]
     calibration = helper.make_model(
         helper.make_graph(
             nodes,

@@ -591,6 +591,30 @@ def _registry() -> tuple[SuiteModel, ...]:
     return tuple(models)
 
 
+def _zoo_entry(entry) -> SuiteModel:
+    from suites import zoo
+
+    shapes = {name: shape for name, (shape, _) in entry.inputs.items()}
+    return SuiteModel(
+        name=entry.name,
+        build=lambda seed=0, _name=entry.name: zoo.load_zoo_model(_name, seed=seed),
+        default_dims={},
+        dim_ranges={},
+        tags=frozenset(entry.tags),
+        shapes=lambda d, _shapes=shapes: dict(_shapes),
+        slow=entry.slow,
+        description=f"{entry.source}, {entry.exporter} export, weights redrawn (suites/zoo)",
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def zoo_models() -> tuple[SuiteModel, ...]:
+    """The real-export zoo (suites/zoo): torch.onnx.export output committed without weights."""
+    from suites import zoo
+
+    return tuple(_zoo_entry(e) for e in zoo.zoo_entries())
+
+
 def suite_models(*, include_slow: bool = True, tag: str | None = None) -> list[SuiteModel]:
     """All suite models in registry order, optionally without the slow ones or only those with ``tag``."""
     if tag is not None and tag not in FUSION_TAGS:
@@ -603,7 +627,8 @@ def suite_models(*, include_slow: bool = True, tag: str | None = None) -> list[S
 
 def get_model(name: str) -> SuiteModel:
     """The suite model called ``name``; the KeyError lists every known name."""
-    for model in _registry():
+    for model in _registry() + zoo_models():
         if model.name == name:
             return model
-    raise KeyError(f"unknown suite model {name!r}; known: {', '.join(m.name for m in _registry())}")
+    raise KeyError(f"unknown suite model {name!r}; known: "
+                   f"{', '.join(m.name for m in _registry() + zoo_models())}")

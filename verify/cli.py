@@ -195,8 +195,9 @@ def _report_from_dict(rep: dict[str, Any]):
 
     if not rep:
         return None
+    via = " (imported through ONNX Runtime's shape folding)" if rep.get("imported_via", "onnx") != "onnx" else ""
     table = Table(title=f"fusion report: {rep['model']} on {rep['target']} ({len(rep['groups'])} groups, "
-                        f"{rep['kernels']} kernels)")
+                        f"{rep['kernels']} kernels){via}")
     for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
         table.add_column(col, overflow="fold")
     for g in rep["groups"]:
@@ -229,7 +230,11 @@ def _row(verdict) -> tuple[str, ...]:
     def secs(build) -> str:
         return "-" if build.error else f"{build.compile_s:.1f}"
 
-    return (verdict.model, str(verdict.nodes), groups, _fmt_err(verdict.fused), _fmt_err(verdict.unfused),
+    model = verdict.model
+    if verdict.fused.report.get("imported_via", "onnx") != "onnx" or \
+            verdict.unfused.report.get("imported_via", "onnx") != "onnx":
+        model += " (ORT-folded)"     # imported through ONNX Runtime's shape folding: say so
+    return (model, str(verdict.nodes), groups, _fmt_err(verdict.fused), _fmt_err(verdict.unfused),
             f"[{colour}]{shown}[/]", f"{secs(verdict.fused)} / {secs(verdict.unfused)}")
 
 
@@ -248,12 +253,13 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
 
 
 def _sources(args: argparse.Namespace) -> list[Any]:
-    from suites.models import suite_models
+    from suites.models import suite_models, zoo_models
 
     from .core import dim_overrides, resolve_model_arg
 
     dims, seed = dim_overrides(args.dim), getattr(args, "seed", None)
-    names = args.models or [m.name for m in suite_models(include_slow=not args.quick)]
+    names = args.models or [m.name for m in suite_models(include_slow=not args.quick)] + \
+        [m.name for m in zoo_models() if not (args.quick and m.slow)]
     return [resolve_model_arg(item, dims=dims, seed=seed) for item in names]
 
 

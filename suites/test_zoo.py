@@ -1,0 +1,32 @@
+"""The real-export zoo (suites/zoo): torch.onnx.export output of torchvision and transformers models.
+
+Every model, both exporters where committed, verifies fused and unfused against ONNX Runtime; no fused
+build fails. The large ones (vit_b_16, efficientnet_b0) are slow-marked and run nightly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from suites.models import zoo_models
+from verify.core import SuiteSpec
+from verify.pytest_plugin import skip_without_cuda_run
+
+
+def _params() -> list:
+    return [pytest.param(m, id=m.name, marks=[pytest.mark.slow] if m.slow else []) for m in zoo_models()]
+
+
+def test_zoo_is_committed() -> None:
+    names = {m.name for m in zoo_models()}
+    assert {"resnet18", "mobilenet_v2", "shufflenet_v2_x1_0", "vit_tiny", "bert_tiny", "gpt2_tiny",
+            "llama_tiny", "resnet18_dynamo", "bert_tiny_dynamo"} <= names
+
+
+@pytest.mark.parametrize("model", _params())
+def test_zoo_model_verifies(model, verify_model) -> None:
+    verdict = verify_model(SuiteSpec(model.name))
+    skip_without_cuda_run(verdict)
+    for build in (verdict.fused, verdict.unfused):
+        assert build.error is None, f"{model.name} ({build.config}): {build.error}"
+        assert build.compare is not None and build.compare, f"{model.name} {build.config}: {build.compare.summary()}"
