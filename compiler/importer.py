@@ -117,6 +117,17 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
         if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
             return relax.Tuple([inputs[0]])
         return relax.Tuple([inputs[0], relax.op.ones_like(inputs[0], dtype="bool")])
+    if op_name == "Cast" and inputs and isinstance(inputs[0], relax.Expr) and "to" in attrs:
+        # softmax(x, dtype=float32).to(q.dtype) in HF exports: a float32 -> float32 Cast that would sit
+        # between the attention softmax and its PV matmul. A same-type Cast is the identity.
+        try:
+            target = onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"])).name
+        except (KeyError, ValueError, TypeError):
+            return None
+        ty = inputs[0].ty
+        if isinstance(ty, relax.TensorType) and ty.dtype == target:
+            return inputs[0]
+        return None
     if op_name == "Sum" and len(inputs) >= 1 and all(isinstance(i, relax.Expr) for i in inputs):
         out = inputs[0]
         for other in inputs[1:]:

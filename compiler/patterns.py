@@ -315,21 +315,31 @@ def _softmax_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
 # --------------------------------------------------------------------------- attention
 
 def _attention_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    """Attention as exporters emit it: the scale after Q.K^T (HF eager, hand-written), on Q and on K^T
+    separately (torch's scaled_dot_product_attention decomposition: both by sqrt(1/sqrt(d))), or
+    already folded into the Q projection; an additive mask (HF's computed causal/padding mask) or none."""
     variants = []
-    for masked in (True, False):
-        q, kt, v = wildcard(), wildcard(), wildcard()
-        scores = is_op("relax.matmul")(q, kt)
-        scaled = _scaled(scores)
-        ann = {"q": q, "kt": kt, "v": v, "scores": scores, "scaled": scaled}
-        x = scaled
-        if masked:
-            mask = wildcard()
-            x = _commutative("relax.add", scaled, mask)
-            ann["mask"] = mask
-        probs = is_op("relax.nn.softmax")(x)
-        root = is_op("relax.matmul")(probs, v)
-        ann["softmax"], ann["root"] = probs, root
-        variants.append(("attention_masked" if masked else "attention", root, ann))
+    for scaling in ("scores", "qk", "none"):
+        for masked in (True, False):
+            q, kt, v = wildcard(), wildcard(), wildcard()
+            ann: dict[str, DFPattern] = {"q": q, "kt": kt, "v": v}
+            if scaling == "qk":
+                scores = is_op("relax.matmul")(_scaled(q), _scaled(kt))
+                x: DFPattern = scores
+            else:
+                scores = is_op("relax.matmul")(q, kt)
+                x = _scaled(scores) if scaling == "scores" else scores
+            ann["scores"] = scores
+            if masked:
+                mask = wildcard()
+                x = _commutative("relax.add", x, mask)
+                ann["mask"] = mask
+            probs = is_op("relax.nn.softmax")(x)
+            root = is_op("relax.matmul")(probs, v)
+            ann["softmax"], ann["root"] = probs, root
+            label = "attention" + ("_masked" if masked else "") + {"scores": "", "qk": "_qk_scaled",
+                                                                      "none": "_unscaled"}[scaling]
+            variants.append((label, root, ann))
     return variants
 
 
@@ -338,13 +348,26 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     PrimFunc that still materialises S x S and that no schedule rule handles well (measured 100x slower
     than unfused on CPU)."""
     scores = match.annotated["scores"]
-    shape = [int(d) for d in scores.ty.shape.values]
+    try:
+        shape = [int(d) for d in scores.ty.shape.values]
+    except (TypeError, AttributeError):
+        return "scores of symbolic shape (the tiled kernel is specialised per shape)"
+    if len(shape) == 3:          # [batch * heads, seq_q, seq_k]: torch's MultiheadAttention
+        shape = [1, *shape]
     if len(shape) != 4:
-        return f"scores of rank {len(shape)} (need [batch, heads, seq_q, seq_k])"
+        return f"scores of rank {len(shape)} (need [batch, heads, seq_q, seq_k] or [batch*heads, seq_q, seq_k])"
     softmax = match.annotated["softmax"]
     axis = int(softmax.attrs.axis)
-    if axis not in (-1, 3):
+    if axis not in (-1, len(scores.ty.shape.values) - 1):
         return f"softmax over axis {axis}, not the key axis"
+    for name in ("q", "kt", "v"):
+        if len(match.annotated[name].ty.shape.values) != len(scores.ty.shape.values):
+            return f"{name} of rank {len(match.annotated[name].ty.shape.values)}: broadcast batch matmul"
+    if "mask" in match.annotated:
+        mask = match.annotated["mask"]
+        if not isinstance(mask.ty, relax.TensorType) or mask.ty.shape is None or \
+                len(mask.ty.shape.values) > len(scores.ty.shape.values):
+            return "mask of unknown or higher rank than the scores"
     q = match.annotated["q"]
     head_dim = int(q.ty.shape.values[-1])
     try:
@@ -449,7 +472,11 @@ register_pattern(PatternRule(
 # --------------------------------------------------------------------------- replacement kernels
 
 def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: list[relax.Expr], spec) -> relax.Expr | None:
-    """Swap the composite attention group for the tiled online-softmax kernel (compiler/kernels)."""
+    """Swap the composite attention group for the tiled online-softmax kernel (compiler/kernels).
+
+    The scale is the product of every constant multiplier (divisors inverted) on the way from Q and K^T
+    to the softmax, wherever the exporter put it; rank-3 groups ([batch*heads, seq, d]) run as one batch.
+    """
     from .kernels.attention import attention_call
 
     param_arg = dict(zip(func.params, args))
@@ -457,38 +484,96 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     for block in func.body.blocks:
         for binding in block.bindings:
             values[binding.var] = binding.value
+
+    def value_of(expr: relax.Expr) -> relax.Expr:
+        return values.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def const_scalar(expr: relax.Expr) -> float | None:
+        expr = param_arg.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        data = getattr(expr, "value", None) if not isinstance(expr, relax.Var) else None
+        if data is not None and hasattr(data, "numpy"):     # a Relax constant (tvm.ir.GenericConst)
+            arr = np.asarray(data.numpy())
+            return float(arr.reshape(())) if arr.size == 1 else None
+        return None
+
+    scale = 1.0
+
+    def strip_scale(expr: relax.Expr) -> relax.Expr | None:
+        """Follow multiply/divide by scalar constants down to the group's parameter; None if not one."""
+        nonlocal scale
+        while True:
+            value = value_of(expr)
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
+                    value.op.name in ("relax.multiply", "relax.divide"):
+                a, b = value.args
+                cb = const_scalar(b)
+                ca = const_scalar(a) if value.op.name == "relax.multiply" else None
+                if cb is not None:
+                    scale *= cb if value.op.name == "relax.multiply" else 1.0 / cb
+                    expr = a
+                elif ca is not None:
+                    scale *= ca
+                    expr = b
+                else:
+                    return None
+                continue
+            return param_arg.get(expr) if isinstance(expr, relax.Var) and expr in param_arg else None
+
     calls = [v for v in values.values() if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)]
-    by_op: dict[str, list[relax.Call]] = {}
-    for c in calls:
-        by_op.setdefault(c.op.name, []).append(c)
-    matmuls = by_op.get("relax.matmul", [])
-    if len(matmuls) != 2:
+    softmax = next((c for c in calls if c.op.name == "relax.nn.softmax"), None)
+    matmuls = [c for c in calls if c.op.name == "relax.matmul"]
+    if softmax is None or len(matmuls) != 2:
         return None
-    first, second = (matmuls if matmuls[0].args[0] in func.params else matmuls[::-1])
-
-    def arg_of(expr: relax.Expr) -> relax.Expr | None:
-        return param_arg.get(expr) if isinstance(expr, relax.Var) else None
-
-    q, kt, v = arg_of(first.args[0]), arg_of(first.args[1]), arg_of(second.args[1])
-    scale_call = (by_op.get("relax.multiply") or by_op.get("relax.divide") or [None])[0]
-    if q is None or kt is None or v is None or scale_call is None:
-        return None
-    const = next((a for a in scale_call.args if not (isinstance(a, relax.Var) and a in values)), None)
-    const = arg_of(const) if isinstance(const, relax.Var) else const
-    if const is None or not hasattr(const, "value"):
-        return None
-    scale = float(np.asarray(const.value.numpy()).reshape(()))
-    if scale_call.op.name == "relax.divide":
-        scale = 1.0 / scale
+    second = next(m for m in matmuls if value_of(m.args[0]) is softmax or
+                  (isinstance(m.args[0], relax.Var) and values.get(m.args[0]) is softmax))
+    first = next(m for m in matmuls if m is not second)
+    v = param_arg.get(second.args[1]) if isinstance(second.args[1], relax.Var) else None
+    # from the softmax input back to the first matmul: an optional mask add and scale
     mask = None
-    for add in by_op.get("relax.add", []):
-        other = [a for a in add.args if not (isinstance(a, relax.Var) and a in values)]
-        if other:
-            mask = arg_of(other[0]) if isinstance(other[0], relax.Var) else other[0]
-    if by_op.get("relax.add") and mask is None:
+    expr = softmax.args[0]
+    while True:
+        value = value_of(expr)
+        if value is first:
+            break
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)):
+            return None
+        if value.op.name == "relax.add":
+            a, b = value.args
+            inner_a = isinstance(a, relax.Var) and a in values
+            inner_b = isinstance(b, relax.Var) and b in values
+            if inner_a == inner_b or mask is not None:
+                return None
+            mask_expr = b if inner_a else a
+            mask = param_arg.get(mask_expr, mask_expr) if isinstance(mask_expr, relax.Var) else mask_expr
+            expr = a if inner_a else b
+        elif value.op.name in ("relax.multiply", "relax.divide"):
+            a, b = value.args
+            cb, ca = const_scalar(b), const_scalar(a) if value.op.name == "relax.multiply" else None
+            if cb is not None:
+                scale *= cb if value.op.name == "relax.multiply" else 1.0 / cb
+                expr = a
+            elif ca is not None:
+                scale *= ca
+                expr = b
+            else:
+                return None
+        else:
+            return None
+    q, kt = strip_scale(first.args[0]), strip_scale(first.args[1])
+    if q is None or kt is None or v is None:
         return None
+    rank = len(q.ty.shape.values)
+    if rank == 3:
+        q, kt, v = (bb.emit(relax.op.expand_dims(t, [0])) for t in (q, kt, v))
+    if mask is not None:
+        mrank = len(mask.ty.shape.values)
+        if mrank < 4:
+            mask = bb.emit(relax.op.reshape(mask, [1] * (4 - mrank) + [int(d) for d in mask.ty.shape.values]))
     k = bb.emit(relax.op.permute_dims(kt, [0, 1, 3, 2]))
     call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), name="fused_attention")
+    if rank == 3:
+        out = bb.emit(call)
+        return relax.op.squeeze(out, [0])
     return call
 
 

@@ -30,3 +30,20 @@ def test_zoo_model_verifies(model, verify_model) -> None:
     for build in (verdict.fused, verdict.unfused):
         assert build.error is None, f"{model.name} ({build.config}): {build.error}"
         assert build.compare is not None and build.compare, f"{model.name} {build.config}: {build.compare.summary()}"
+
+
+#: The exports' attention forms: BERT / GPT-2 / LLaMA (transformers, eager) scale after Q.K^T and add a
+#: computed mask (GPT-2 and LLaMA causal through Where, LLaMA after rotary and repeated KV heads); the ViT
+#: (torch's scaled_dot_product_attention decomposed) scales Q and K^T separately, on rank-3 tensors in the
+#: TorchScript export. Each must match the attention pattern.
+ATTENTION_MODELS = ("bert_tiny", "bert_tiny_dynamo", "gpt2_tiny", "llama_tiny", "vit_tiny", "vit_tiny_dynamo")
+
+
+@pytest.mark.parametrize("name", ATTENTION_MODELS)
+def test_attention_pattern_matches_real_exports(name: str, verify_model) -> None:
+    verdict = verify_model(SuiteSpec(name))
+    assert verdict.status == "PASS", verdict.fused.error
+    decisions = [d for d in verdict.fused.report["decisions"] if d["pattern"] == "attention"]
+    assert len(decisions) == 2, f"{name}: {len(decisions)} attention matches (2 layers)"
+    groups = [g for g in verdict.fused.report["groups"] if g["pattern"] == "attention"]
+    assert all(d["fused"] for d in decisions) == (len(groups) == 2), (decisions, groups)
