@@ -498,26 +498,28 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
 
     scale = 1.0
 
-    def strip_scale(expr: relax.Expr) -> relax.Expr | None:
-        """Follow multiply/divide by scalar constants down to the group's parameter; None if not one."""
+    def unscale(value: relax.Expr) -> relax.Expr | None:
+        """For `x * c`, `c * x` or `x / c` with a scalar constant c: fold c into `scale`, return x."""
         nonlocal scale
-        while True:
-            value = value_of(expr)
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
-                    value.op.name in ("relax.multiply", "relax.divide"):
-                a, b = value.args
-                cb = const_scalar(b)
-                ca = const_scalar(a) if value.op.name == "relax.multiply" else None
-                if cb is not None:
-                    scale *= cb if value.op.name == "relax.multiply" else 1.0 / cb
-                    expr = a
-                elif ca is not None:
-                    scale *= ca
-                    expr = b
-                else:
-                    return None
-                continue
-            return param_arg.get(expr) if isinstance(expr, relax.Var) and expr in param_arg else None
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name in ("relax.multiply", "relax.divide")):
+            return None
+        a, b = value.args
+        cb = const_scalar(b)
+        ca = const_scalar(a) if value.op.name == "relax.multiply" else None
+        if cb is not None:
+            scale *= cb if value.op.name == "relax.multiply" else 1.0 / cb
+            return a
+        if ca is not None:
+            scale *= ca
+            return b
+        return None
+
+    def strip_scale(expr: relax.Expr) -> relax.Expr | None:
+        """Follow scalings by constants down to the group's parameter; None if it is not one."""
+        while (inner := unscale(value_of(expr))) is not None:
+            expr = inner
+        return param_arg.get(expr) if isinstance(expr, relax.Var) and expr in param_arg else None
 
     calls = [v for v in values.values() if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)]
     softmax = next((c for c in calls if c.op.name == "relax.nn.softmax"), None)
@@ -546,17 +548,8 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
             mask_expr = b if inner_a else a
             mask = param_arg.get(mask_expr, mask_expr) if isinstance(mask_expr, relax.Var) else mask_expr
             expr = a if inner_a else b
-        elif value.op.name in ("relax.multiply", "relax.divide"):
-            a, b = value.args
-            cb, ca = const_scalar(b), const_scalar(a) if value.op.name == "relax.multiply" else None
-            if cb is not None:
-                scale *= cb if value.op.name == "relax.multiply" else 1.0 / cb
-                expr = a
-            elif ca is not None:
-                scale *= ca
-                expr = b
-            else:
-                return None
+        elif (inner := unscale(value)) is not None:
+            expr = inner
         else:
             return None
     q, kt = strip_scale(first.args[0]), strip_scale(first.args[1])
