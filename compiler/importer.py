@@ -181,6 +181,11 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> Impo
                         node_ops=[n.op_type for n in model.graph.node], prepared=False)
 
 
+#: ORT BASIC rewrites that are not shape folding and that would hide fusion opportunities: MatMul + Add
+#: became Gemm + Reshape (BERT's matmul_bias_gelu never matched after the fold step).
+FOLD_DISABLED_OPTIMIZERS = ("MatMulAddFusion",)
+
+
 def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
     """Fold Shape->Gather->Concat->Reshape chains with ONNX Runtime's BASIC optimiser.
 
@@ -195,7 +200,8 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = out
         options.log_severity_level = 3
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=list(FOLD_DISABLED_OPTIMIZERS))
         prepared = onnx.load(out, load_external_data=True)
     # ORT renames nothing it keeps, but may drop names of nodes it created.
     from .onnx_loader import name_nodes

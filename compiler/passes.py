@@ -85,6 +85,58 @@ def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRMo
     return folder.builder_.get()
 
 
+# ------------------------------------------------------------------------ normalising exporter forms
+
+def _static(expr: relax.Expr) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return [int(d) for d in ty.shape.values]
+    except (TypeError, AttributeError):
+        return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="NormalizeFlattenedGemm")
+def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """reshape(matmul(reshape(x, [M, K]), W) (+ b), x.shape[:-1] + [N]) -> matmul(x, W) (+ b).
+
+    GPT-2's Conv1D (`addmm` on `x.view(-1, nx)`) and ONNX Runtime's MatMulAddFusion both flatten a 3-D
+    activation around a Gemm; the reshape between the bias and the activation hides MatMul + bias + GELU
+    from the pattern table. The rewrite is exact: a row-major flatten and unflatten of the same rows.
+    """
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    x, weight, bias = wildcard(), is_const(), is_const()
+    flat = is_op("relax.reshape")(x, wildcard())
+    mm = is_op("relax.matmul")(flat, weight)
+    biased = is_op("relax.add")(mm, bias) | is_op("relax.add")(bias, mm)
+    out_biased = is_op("relax.reshape")(biased, wildcard())
+    out_plain = is_op("relax.reshape")(mm, wildcard())
+
+    def rewrite(expr: relax.Expr, m: dict) -> relax.Expr:
+        src, res = _static(m[x]), _static(expr)
+        w = _static(m[weight])
+        if src is None or res is None or w is None or len(w) != 2 or len(src) < 3:
+            return expr
+        if res[:-1] != src[:-1] or src[-1] != w[0] or res[-1] != w[1]:
+            return expr
+        out = relax.op.matmul(m[x], m[weight])
+        if bias in m:
+            b = _static(m[bias])
+            if b is None or (b and b[:-1] and any(d != 1 for d in b[:-1])):
+                return expr
+            out = relax.op.add(out, m[bias])
+        return out
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            func = rewrite_call(out_biased, rewrite, func)
+            func = rewrite_call(out_plain, rewrite, func)
+            mod[gv] = func
+    return mod
+
+
 # ------------------------------------------------------------------------ recognising decomposed ops
 
 def merged_tag(names: list[str], op: str) -> str:
@@ -107,6 +159,15 @@ class _Recognizer(relax.PyExprMutator):
         self.val2var: dict[relax.Expr, relax.Var] = {}
         self.rewritten: list[list[str]] = []
 
+    _in_dataflow = False
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
+        self._in_dataflow = True
+        try:
+            return super().visit_dataflow_block_(block)
+        finally:
+            self._in_dataflow = False
+
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         self.var2val[binding.var] = binding.value
         self.val2var[binding.value] = binding.var
@@ -115,9 +176,18 @@ class _Recognizer(relax.PyExprMutator):
         if new is None:
             super().visit_var_binding_(binding)
             return
-        names = sorted({self.val2var[e].name for e in matches.values() if e in self.val2var} | {binding.var.name})
+        # The rewrite's operands are matched *values*; a value some binding already holds is that var
+        # (else the producer of the op's input would be emitted a second time).
+        if isinstance(new, relax.Call):
+            new = relax.Call(new.op, [self.val2var.get(a, a) for a in new.args], new.attrs, new.ty_args)
+        inputs = {a for a in new.args if isinstance(a, relax.Var)} if isinstance(new, relax.Call) else set()
+        names = sorted({self.val2var[e].name for e in matches.values()
+                        if e in self.val2var and self.val2var[e] not in inputs} | {binding.var.name})
         new = relax.expr_functor.PyExprMutator.visit_expr(self, new)
-        var = self.builder_.emit(new, merged_tag(names, self.label))
+        if isinstance(binding.var, relax.DataflowVar) or not self._in_dataflow:
+            var = self.builder_.emit(new, merged_tag(names, self.label))
+        else:   # the block's output (e.g. the model's last op): must stay visible outside the block
+            var = self.builder_.emit_output(new, merged_tag(names, self.label))
         self.rewritten.append(names)
         self.set_var_remap(binding.var, var)
 
@@ -173,6 +243,62 @@ def recognize_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]
                                       axes=[-1], epsilon=float(eps.reshape(())))
 
     return recognize(mod, out, rewrite, "LayerNormalization")
+
+
+def _rmsnorm_pattern():
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    def comm(op: str, a, b):
+        return is_op(op)(a, b) | is_op(op)(b, a)
+
+    x = wildcard()
+    square = is_op("relax.power")(x, is_const()) | is_op("relax.multiply")(x, x)
+    mean = is_op("relax.mean")(square)
+    eps = is_const()
+    den = comm("relax.add", mean, eps)
+    one = is_const()
+    inv = is_op("relax.divide")(one, is_op("relax.sqrt")(den)) | is_op("relax.rsqrt")(den)
+    normed = comm("relax.multiply", x, inv) | is_op("relax.divide")(x, is_op("relax.sqrt")(den))
+    gamma = is_const()
+    out = comm("relax.multiply", normed, gamma)
+    return out, dict(x=x, mean=mean, square=square, eps=eps, one=one, gamma=gamma)
+
+
+def recognize_rmsnorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
+    """x * 1/sqrt(mean(x^2) + eps) * gamma (HF's LlamaRMSNorm, T5's LayerNorm, as exported) -> one rms_norm op.
+
+    Only the exact semantics: mean over the last axis with keepdims, power 2, a numerator of exactly 1,
+    and a per-channel gamma over that axis.
+    """
+    out, parts = _rmsnorm_pattern()
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        x = m[parts["x"]]
+        if not isinstance(x.ty, relax.TensorType) or x.ty.shape is None:
+            return None
+        ndim = len(x.ty.shape.values)
+        call = m[parts["mean"]]
+        axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
+        if not call.attrs.keepdims or [a % ndim for a in axes] != [ndim - 1]:
+            return None
+        sq = m[parts["square"]]
+        if sq.op.name == "relax.power" and float(np.asarray(_np(sq.args[1])).reshape(())) != 2.0:
+            return None
+        if parts["one"] in m and np.asarray(_np(m[parts["one"]])).size == 1 and \
+                float(np.asarray(_np(m[parts["one"]])).reshape(())) != 1.0:
+            return None
+        gamma, eps = _np(m[parts["gamma"]]), _np(m[parts["eps"]])
+        try:
+            channels = int(x.ty.shape.values[-1])
+        except TypeError:
+            return None
+        if eps.size != 1 or gamma.size != channels or gamma.shape[-1:] != (channels,) or \
+                str(gamma.dtype) != str(x.ty.dtype):
+            return None
+        return relax.op.nn.rms_norm(x, relax.const(gamma.reshape(channels)), axes=[-1],
+                                    epsilon=float(eps.reshape(())))
+
+    return recognize(mod, out, rewrite, "RMSNorm")
 
 
 # ------------------------------------------------------------------------ replacement kernels

@@ -67,6 +67,14 @@ class Match:
                 names.append(value.op.name.removeprefix("relax.").removeprefix("nn."))
         return names
 
+    def escaping(self) -> list[relax.Var]:
+        """Bound vars other than the group's output that are also read outside the group (the fused call
+        must then return them too, as a tuple)."""
+        inside = set(self.bindings)
+        out = self.output_var()
+        return [v for v in self.bindings if v is not out
+                and any(u not in inside for u in self.var_usages.get(v, []))]
+
     def output_var(self) -> relax.Var | None:
         """The group's result: the one bound var not consumed inside the group."""
         inside = set(self.bindings)
@@ -246,6 +254,42 @@ def _matmul_gelu_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]
     return variants
 
 
+# --------------------------------------------------------------------------- SiLU-gated MLP
+
+def _gated_mlp_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    """LLaMA's MLP gate: SiLU(x @ Wg (+ b)) * up, with `up` (x @ Wu) read as an input of the epilogue.
+
+    The gate projection, its SiLU (op or x * sigmoid(x), as TorchScript exports it) and the gating
+    multiply become one matmul kernel with an elementwise epilogue; the up projection stays its own matmul
+    (two matmuls in one PrimFunc is a shape no CPU matmul schedule takes)."""
+    variants = []
+    for with_bias in (True, False):
+        weight = is_const()
+        mm = is_op("relax.matmul")(wildcard(), weight)
+        g: DFPattern = mm
+        ann = {"matmul": mm, "weight": weight}
+        if with_bias:
+            bias = is_const()
+            g = _commutative("relax.add", mm, bias)
+            ann["bias"] = bias
+        silu = is_op("relax.nn.silu")(g) | _commutative("relax.multiply", g, is_op("relax.sigmoid")(g))
+        up = wildcard()
+        root = _commutative("relax.multiply", silu, up)
+        ann["root"], ann["up"] = root, up
+        variants.append((f"matmul{'_bias' if with_bias else ''}_silu_gate", root, ann))
+    return variants
+
+
+def _gated_mlp_check(match: Match, hw: Hardware) -> str | None:
+    up, root = match.annotated["up"], match.annotated["root"]
+    try:
+        if [int(d) for d in up.ty.shape.values] != [int(d) for d in root.ty.shape.values]:
+            return "the up projection broadcasts against the gate: not an elementwise epilogue"
+    except (TypeError, AttributeError):
+        return "symbolic shapes: the epilogue's broadcast cannot be checked"
+    return None
+
+
 # --------------------------------------------------------------------------- LayerNorm
 
 def _layernorm_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
@@ -291,6 +335,31 @@ def _prepare_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]
     from .passes import recognize_layernorm
 
     return recognize_layernorm(mod)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+def _rmsnorm_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
+    variants = []
+    for label, with_residual in (("residual_rmsnorm", True), ("rmsnorm", False)):
+        x: DFPattern = wildcard()
+        if with_residual:
+            x = _commutative("relax.add", x, wildcard())
+        root = is_op("relax.nn.rms_norm")(x, is_const())
+        variants.append((label, root, {"root": root, "rms_norm": root}))
+    return variants
+
+
+def _rmsnorm_check(match: Match, hw: Hardware) -> str | None:
+    if match.variant == "rmsnorm" and merged_nodes(match.output_var()) < 2:
+        return "a lone RMSNorm op is already one kernel: nothing to fuse"
+    return None
+
+
+def _prepare_rmsnorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
+    from .passes import recognize_rmsnorm
+
+    return recognize_rmsnorm(mod)
 
 
 # --------------------------------------------------------------------------- Softmax
@@ -368,6 +437,10 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
         if not isinstance(mask.ty, relax.TensorType) or mask.ty.shape is None or \
                 len(mask.ty.shape.values) > len(scores.ty.shape.values):
             return "mask of unknown or higher rank than the scores"
+    escaping = match.escaping()
+    if escaping:
+        return (f"'{escaping[0].name}' is also used outside the group: the tiled kernel returns only the "
+                f"attention output")
     q = match.annotated["q"]
     head_dim = int(q.ty.shape.values[-1])
     try:
@@ -451,6 +524,16 @@ register_pattern(PatternRule(
 ))
 
 register_pattern(PatternRule(
+    name="gated_mlp",
+    description="MatMul (+bias) + SiLU + gating multiply (LLaMA's SiLU-gated MLP) with the epilogue in the "
+                "output tile",
+    variants=_gated_mlp_variants,
+    check=_gated_mlp_check,
+    cost=intermediate_traffic_cost,
+    tags=("gated_mlp",),
+))
+
+register_pattern(PatternRule(
     name="layernorm",
     description="(bias +) residual add + LayerNorm in one kernel; decomposed LayerNorm recognised as one op",
     variants=_layernorm_variants,
@@ -458,6 +541,17 @@ register_pattern(PatternRule(
     cost=_layernorm_cost,
     prepare=_prepare_layernorm,
     tags=("layernorm",),
+))
+
+register_pattern(PatternRule(
+    name="rmsnorm",
+    description="(residual add +) RMSNorm in one kernel; the exported decomposition (Pow, ReduceMean, Add, "
+                "Sqrt, Div, Mul, Mul) recognised as one op",
+    variants=_rmsnorm_variants,
+    check=_rmsnorm_check,
+    cost=_layernorm_cost,
+    prepare=_prepare_rmsnorm,
+    tags=("rmsnorm",),
 ))
 
 register_pattern(PatternRule(

@@ -2,6 +2,7 @@
 
     import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
     1  FoldConstant                 materialise weights built by ConstantOfShape/Expand/...
+       NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
@@ -44,13 +45,13 @@ from .errors import CompileError, FuseguardError, UsageError
 from .hardware import Hardware, for_target
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
-from .passes import FoldBatchNorm, apply_replacements
+from .passes import FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
 #: Pipeline stages whose failure on a directly imported model is retried through the ONNX Runtime fold
 #: step: they run before anything of fuseguard's, so a failure there is about the imported graph's form.
-EARLY_STAGES = frozenset({"fold_constant", "bn_folding", "decompose", "dce", "legalize"})
+EARLY_STAGES = frozenset({"fold_constant", "normalize", "bn_folding", "decompose", "dce", "legalize"})
 
 PassLike = Callable[[tvm.IRModule], tvm.IRModule]
 _USER_PASSES: dict[str, list[tuple[str, PassLike]]] = {s: [] for s in STAGES}
@@ -297,6 +298,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
     T = relax.transform
     mod = stage("fold_constant", [T.FoldConstant()], mod)
+    mod = stage("normalize", [NormalizeFlattenedGemm], mod)
     if options.bn_folding:
         mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)
@@ -311,6 +313,9 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
             if rule.prepare is not None and rule.name not in options.disabled_patterns:
                 start = time.perf_counter()
                 mod, _ = rule.prepare(mod)
+                # the rewritten decomposition is dead now: drop it before the next rule's prepare or the
+                # matcher sees it (an RMSNorm inside a dead LayerNorm decomposition, a phantom consumer)
+                mod = T.DeadCodeElimination(["main"])(mod)
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
         fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed)
         mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,

@@ -22,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 #: op -> number of tensor operands, per family.
 SEQ_OPS: dict[str, int] = {"matmul": 1, "add_const": 1, "add": 2, "mul_const": 1, "layernorm": 1,
-                           "gelu_erf": 1, "softmax": 1, "relu": 1, "attention": 3}
+                           "layernorm_decomposed": 1, "rmsnorm_decomposed": 1, "silu_gated_mlp": 1, "gelu_erf": 1, "softmax": 1,
+                           "relu": 1, "attention": 3}
 IMAGE_OPS: dict[str, int] = {"conv": 1, "conv_bias": 1, "batchnorm": 1, "relu": 1, "clip": 1, "add": 2,
                              "add_const": 1}
 FAMILIES = {"seq": SEQ_OPS, "image": IMAGE_OPS}
@@ -84,6 +85,21 @@ def build_dag(recipe: Recipe, *, seed: int = 0, seq: int = 8, dim: int = 16, cha
         elif op == "layernorm":
             out = node("LayerNormalization", [a[0], const(rng.uniform(0.5, 1.5, size=(width,))),
                                               const(rng.normal(size=(width,)) * 0.1)], axis=-1, epsilon=1e-5)
+        elif op == "layernorm_decomposed":      # what the TorchScript exporter emits before opset 17
+            mean = node("ReduceMean", [a[0]], axes=[-1], keepdims=1)
+            centred = node("Sub", [a[0], mean])
+            var = node("ReduceMean", [node("Pow", [centred, const(np.array(2.0))])], axes=[-1], keepdims=1)
+            normed = node("Div", [centred, node("Sqrt", [node("Add", [var, const(np.array(1e-5))])])])
+            out = node("Add", [node("Mul", [normed, const(rng.uniform(0.5, 1.5, size=(width,)))]),
+                               const(rng.normal(size=(width,)) * 0.1)])
+        elif op == "rmsnorm_decomposed":        # HF's LlamaRMSNorm as exported
+            ms = node("ReduceMean", [node("Pow", [a[0], const(np.array(2.0))])], axes=[-1], keepdims=1)
+            inv = node("Div", [const(np.array(1.0)), node("Sqrt", [node("Add", [ms, const(np.array(1e-6))])])])
+            out = node("Mul", [const(rng.uniform(0.5, 1.5, size=(width,))), node("Mul", [a[0], inv])])
+        elif op == "silu_gated_mlp":            # LLaMA's MLP gate, SiLU as TorchScript exports it
+            gate = node("MatMul", [a[0], const(rng.normal(size=(width, width)) / math.sqrt(width))])
+            up = node("MatMul", [a[0], const(rng.normal(size=(width, width)) / math.sqrt(width))])
+            out = node("Mul", [node("Mul", [gate, node("Sigmoid", [gate])]), up])
         elif op == "gelu_erf":
             erf = node("Erf", [node("Div", [a[0], const(np.array(math.sqrt(2.0)))])])
             out = node("Mul", [node("Mul", [a[0], node("Add", [erf, const(np.array(1.0))])]),

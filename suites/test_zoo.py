@@ -47,3 +47,25 @@ def test_attention_pattern_matches_real_exports(name: str, verify_model) -> None
     assert len(decisions) == 2, f"{name}: {len(decisions)} attention matches (2 layers)"
     groups = [g for g in verdict.fused.report["groups"] if g["pattern"] == "attention"]
     assert all(d["fused"] for d in decisions) == (len(groups) == 2), (decisions, groups)
+
+
+#: Patterns each transformer export must fuse (2 layers each): GPT-2's MLP is a flattened Gemm (Conv1D)
+#: with the tanh GELU, BERT's comes through ONNX Runtime's fold step, LLaMA has RMSNorm (2 per layer +
+#: the final norm) and the SiLU-gated MLP.
+EXPECTED_PATTERNS = {
+    "bert_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
+    "bert_tiny_dynamo": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
+    "gpt2_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
+    "llama_tiny": {"attention": 2, "rmsnorm": 5, "gated_mlp": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PATTERNS))
+def test_transformer_patterns_fuse(name: str, verify_model) -> None:
+    verdict = verify_model(SuiteSpec(name))
+    assert verdict.status == "PASS", verdict.fused.error
+    counts: dict[str, int] = {}
+    for group in verdict.fused.report["groups"]:
+        counts[group["pattern"]] = counts.get(group["pattern"], 0) + 1
+    for pattern, expected in EXPECTED_PATTERNS[name].items():
+        assert counts.get(pattern, 0) == expected, (name, counts)
