@@ -591,19 +591,20 @@ def _registry() -> tuple[SuiteModel, ...]:
     return tuple(models)
 
 
-def _zoo_entry(entry) -> SuiteModel:
+def _zoo_entry(entry, peaked: bool = False) -> SuiteModel:
     from suites import zoo
 
     shapes = {name: shape for name, (shape, _) in entry.inputs.items()}
     return SuiteModel(
-        name=entry.name,
-        build=lambda seed=0, _name=entry.name: zoo.load_zoo_model(_name, seed=seed),
+        name=entry.name + ("_peaked" if peaked else ""),
+        build=lambda seed=0, _name=entry.name: zoo.load_zoo_model(_name, seed=seed, peaked=peaked),
         default_dims={},
         dim_ranges={},
         tags=frozenset(entry.tags),
         shapes=lambda d, _shapes=shapes: dict(_shapes),
         slow=entry.slow,
-        description=f"{entry.source}, {entry.exporter} export, weights redrawn (suites/zoo)",
+        description=f"{entry.source}, {entry.exporter} export, weights redrawn (suites/zoo)"
+                    + (", attention-score weights scaled up (peaked softmax)" if peaked else ""),
     )
 
 
@@ -612,7 +613,12 @@ def zoo_models() -> tuple[SuiteModel, ...]:
     """The real-export zoo (suites/zoo): torch.onnx.export output committed without weights."""
     from suites import zoo
 
-    return tuple(_zoo_entry(e) for e in zoo.zoo_entries())
+    # Each TorchScript transformer also as a peaked variant: large attention logits, where the online
+    # softmax of a fused attention kernel differs most from the reference's.
+    plain = [_zoo_entry(e) for e in zoo.zoo_entries()]
+    peaked = [_zoo_entry(e, peaked=True) for e in zoo.zoo_entries()
+              if "attention" in e.tags and "dynamo" not in e.exporter and not e.slow]
+    return tuple(plain + peaked)
 
 
 def suite_models(*, include_slow: bool = True, tag: str | None = None) -> list[SuiteModel]:

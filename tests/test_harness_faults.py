@@ -150,3 +150,14 @@ def test_bisect_task_error_is_untestable(monkeypatch: pytest.MonkeyPatch, capsys
     assert cli.main(["bisect", "conv_bn_relu"]) == bisect.EXIT_UNTESTABLE == 125
     err = capsys.readouterr().err
     assert "cannot test" in err and "boom" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_worker_traceback_of_a_failed_build(tmp_path: Path) -> None:
+    path = tmp_path / "fault_build.onnx"
+    onnx.save(_two_output_model(), path)
+    base = [sys.executable, "-m", "verify.cli", "verify", str(path), "--plugin", str(FAULTS)]
+    quiet = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    loud = subprocess.run(base + ["--debug"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == loud.returncode == 1
+    assert "Traceback" not in quiet.stderr
+    assert "Traceback" in loud.stderr and "injected fault" in loud.stderr

@@ -177,6 +177,8 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
         print(f"fuseguard: warning: {w}", file=sys.stderr)
     for build in (verdict.fused, verdict.unfused):
         if build.error:
+            if args.debug and build.traceback:
+                print(build.traceback, file=sys.stderr, end="")
             print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
     if not verdict.passed:
         for build in (verdict.fused, verdict.unfused):

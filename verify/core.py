@@ -86,6 +86,7 @@ class BuildResult:
     run_s: float = 0.0
     compare: CompareResult | None = None
     error: str | None = None
+    traceback: str | None = None    # the worker-side traceback of `error` (shown with --debug)
     report: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -170,7 +171,10 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
     except FuseguardError as err:
         if err.exit_code == 2:
             raise
+        import traceback
+
         result.error = str(err)
+        result.traceback = traceback.format_exc()
         return result, None
     rep = compiled.report
     result.compile_s, result.kernels = compiled.compile_s, rep.kernels

@@ -35,8 +35,9 @@ STRIPPED = "fuseguard:stripped"
 #: as sqrt(d), epsilons, masks' fill values) are graph semantics and stay.
 STRIP_MIN_ELEMENTS = 64
 _PASS_THROUGH = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Transpose", "Cast"})
-#: Gain on the attention-score weights in the peaked variant: logits grow ~gain^2 (measured softmax
-#: max probability ~0.9+ in BERT-tiny at 3x versus ~0.1 at 1x).
+#: Gain on the attention-score weights in the peaked variant: logits grow ~gain^2. Measured mean of the
+#: first softmax's row maximum, plain -> peaked: bert_tiny 0.11 -> 0.84, gpt2_tiny 0.21 -> 0.84,
+#: llama_tiny 0.24 -> 0.58, vit_tiny 0.27 -> 0.84.
 PEAKED_GAIN = 3.0
 
 
