@@ -154,6 +154,29 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
     return None
 
 
+@relax.expr_functor.mutator
+class _OutputTagger(relax.PyExprMutator):
+    """`gv = n36_LayerNormalization` (the frontend's output alias) -> an output var carrying the tag."""
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if not isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.DataflowVar) \
+                and _TAG.match(value.name):
+            var = self.builder_.emit_output(self.visit_expr(value), value.name)
+            self.set_var_remap(binding.var, var)
+            return
+        super().visit_var_binding_(binding)
+
+
+def _tag_outputs(mod: tvm.IRModule) -> tvm.IRModule:
+    """Keep the provenance tag on the model's output bindings: after CanonicalizeBindings folds the alias,
+    the last op would otherwise be bound to `gv` and its ONNX node lost to reports and profiles."""
+    tagger = _OutputTagger(mod)
+    gv = mod.get_global_var("main")
+    tagger.builder_.update_func(gv, tagger.visit_expr(mod["main"]))
+    return tagger.builder_.get()
+
+
 def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> ImportResult:
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
     opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
@@ -177,6 +200,7 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> Impo
                 raise FrontendError(f"{label}: TVM's ONNX frontend cannot convert node '{name}' ({op}): "
                                     f"{error_line(err)}") from err
             raise FrontendError(f"{label}: TVM's ONNX frontend cannot import this model: {error_line(err)}") from err
+    mod = _tag_outputs(mod)
     return ImportResult(mod=mod, node_names=[n.name for n in model.graph.node],
                         node_ops=[n.op_type for n in model.graph.node], prepared=False)
 

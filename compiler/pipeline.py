@@ -240,20 +240,21 @@ def _run_user_passes(stage: str, mod: tvm.IRModule, options: CompileOptions) -> 
 
 
 def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target,
-              options: CompileOptions) -> tuple[tvm.IRModule, dict[str, str]]:
-    """Schedule every PrimFunc; return the module and {function: why no schedule applied}."""
+              options: CompileOptions) -> tuple[tvm.IRModule, dict[str, str], dict[str, str]]:
+    """Schedule every PrimFunc; return the module, {function: why no schedule applied} and
+    {function: the rule that scheduled it}."""
     if spec.is_gpu:
         from tvm.s_tir import dlight as dl
 
         return dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
-        )(mod), {}
+        )(mod), {}, {}
     if not options.schedule:
-        return mod, {}
+        return mod, {}, {}
     from .schedule.cpu import schedule_cpu_module_with_report
 
     mod, sched = schedule_cpu_module_with_report(mod, target, enabled=True, num_threads=options.num_threads)
-    return mod, dict(sched.left_alone)
+    return mod, dict(sched.left_alone), dict(sched.scheduled)
 
 
 def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str = "model",
@@ -351,9 +352,11 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
     start = time.perf_counter()
     with target:
-        mod, left_alone = _schedule(mod, spec, target, options)
+        mod, left_alone, scheduled = _schedule(mod, spec, target, options)
     rep.stage_s["schedule"] = time.perf_counter() - start
+    rep.schedules = {**scheduled, **{k: f"left alone: {why}" for k, why in left_alone.items()}}
     report.attach_kernels(mod, rep.groups)
+    rep.call_sites = report.kernel_call_sites(mod, rep.groups, provenance)
     unscheduled = [(links[g.function], left_alone[g.kernel]) for g in rep.groups
                    if g.pattern != "generic" and g.kernel in left_alone and g.function in links
                    and left_alone[g.kernel] != "already scheduled"]

@@ -46,6 +46,10 @@ class FusionReport:
     stage_s: dict[str, float] = field(default_factory=dict)
     #: "onnx" (imported as given) or "onnxruntime-fold" (shape subgraphs folded by ONNX Runtime first)
     imported_via: str = "onnx"
+    #: kernel (PrimFunc) -> the schedule rule that took it, or "left alone: <why>"
+    schedules: dict[str, str] = field(default_factory=dict)
+    #: every kernel call `main` makes, in execution order (see `kernel_call_sites`)
+    call_sites: list[dict] = field(default_factory=list)
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -60,7 +64,8 @@ class FusionReport:
             "disabled_patterns": list(self.disabled_patterns), "kernels": self.kernels,
             "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
-            "stage_s": dict(self.stage_s), "imported_via": self.imported_via,
+            "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
+            "call_sites": [dict(c) for c in self.call_sites],
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
@@ -177,18 +182,90 @@ def memory_traffic(mod: tvm.IRModule) -> tuple[int, int]:
     return total, ins + sum(n for _, n in weights) + outs
 
 
-def attach_kernels(mod: tvm.IRModule, groups: list[FusedGroup]) -> None:
-    """After FuseTIR: record which PrimFunc each group's call became (by the var `main` binds it to)."""
-    callee: dict[str, str] = {}
+def _call_tir_sites(mod: tvm.IRModule) -> list[tuple[str, str, int]]:
+    """(binding var name, kernel name, bytes its arguments and output take) of every call_tir in `main`,
+    in execution order."""
+    sites: list[tuple[str, str, int]] = []
     main = mod["main"]
     if isinstance(main.body, relax.SeqExpr):
         for block in main.body.blocks:
             for binding in block.bindings:
                 v = binding.value
                 if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
-                    callee[binding.var.name] = v.args[0].name_hint
+                    args = v.args[1]
+                    fields = args.fields if isinstance(args, relax.Tuple) else [args]
+                    nbytes = sum(_bytes(a.ty) for a in fields) + _bytes(v.ty)
+                    sites.append((binding.var.name, v.args[0].name_hint, nbytes))
+    return sites
+
+
+def kernel_flops(mod: tvm.IRModule) -> dict[str, int]:
+    """Floating-point operations per PrimFunc: 2 x the iteration count of every block that reduces
+    (a multiply-accumulate per point: matmul, conv, and the cheap row reductions). Elementwise work is
+    not counted: it is memory-bound, and GFLOP/s is a figure for compute-bound kernels."""
+    from tvm import s_tir, tirx
+    import tvm_ffi
+
+    out: dict[str, int] = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        total = [0]
+
+        def visit(node) -> None:  # noqa: ANN001 - an SBlockRealize
+            ivs = node.block.iter_vars
+            if not any(iv.iter_type == tirx.IterVar.CommReduce for iv in ivs):
+                return
+            n = 1
+            for iv in ivs:
+                ext = iv.dom.extent
+                n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1
+            total[0] += 2 * n
+
+        tvm_ffi.structural_walk(func, (s_tir.SBlockRealize, visit), order="post")
+        out[gv.name_hint] = total[0]
+    return out
+
+
+def _groups_by_site(sites: list[tuple[str, str]], groups: list[FusedGroup]) -> list[FusedGroup | None]:
+    """The group behind each call site. FuseTIR turns each group call into one call_tir in place and
+    names the PrimFunc after the group's function, so walking both in order ties them (var names do
+    not: FuseOpsByPattern names many calls `lv`); a site with no group in turn (a kernel emitted outside
+    fusion, e.g. a replacement's transpose) gets None."""
+    out: list[FusedGroup | None] = []
+    i = 0
+    for _, kernel, _ in sites:
+        if i < len(groups) and kernel in (groups[i].function, groups[i].kernel):
+            out.append(groups[i])
+            i += 1
+        else:
+            out.append(None)
+    return out
+
+
+def kernel_call_sites(mod: tvm.IRModule, groups: list[FusedGroup], provenance) -> list[dict]:
+    """The call_tir sites of `main` in execution order: var, kernel, the ONNX nodes it computes (a fused
+    group's nodes, else the provenance of the var it binds), its pattern ("generic", a rule name, or
+    "single op"), bytes at its boundary and FLOPs. The VM runs them in this order, which is how a
+    per-call timing is tied back to the graph (verify/profile.py)."""
+    sites = _call_tir_sites(mod)
+    flops = kernel_flops(mod)
+    out = []
+    for (var, kernel, nbytes), g in zip(sites, _groups_by_site(sites, groups)):
+        out.append({"var": var, "kernel": kernel, "nodes": list(g.onnx_nodes) if g is not None else
+                    list(provenance([var])), "pattern": g.pattern if g is not None else "single op",
+                    "reason": g.reason if g is not None else "", "bytes": nbytes, "flops": flops.get(kernel, 0)})
+    return out
+
+
+def attach_kernels(mod: tvm.IRModule, groups: list[FusedGroup]) -> None:
+    """After FuseTIR: record which PrimFunc each group's call became."""
+    sites = _call_tir_sites(mod)
+    for (_, kernel, _), g in zip(sites, _groups_by_site(sites, groups)):
+        if g is not None:
+            g.kernel = kernel
     for g in groups:
-        g.kernel = callee.get(g.call_var, g.kernel or g.function)
+        g.kernel = g.kernel or g.function
 
 
 def count_ops(mod: tvm.IRModule) -> int:

@@ -70,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--pytest-benchmark", default=None, metavar="FILE", help="for import/export")
     bl.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
+    pr = sub.add_parser("profile", help="time every kernel of the fused and unfused build: each fused group "
+                                        "against its unfused parts (a benchmark)")
+    pr.add_argument("models", nargs="+", metavar="MODEL", help="ONNX files or suite model names")
+    _add_build_options(pr)
+    pr.add_argument("--threads", type=int, default=None, help="threads for TVM (default: all cores)")
+    pr.add_argument("--repeats", type=int, default=20, help="timed runs after warm-up (default 20)")
+    pr.add_argument("--rows", type=int, default=40, help="kernels shown, slowest first (default 40)")
+    pr.add_argument("--json", default=None, metavar="FILE", help="write the profiles as JSON")
+
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
 
@@ -379,6 +388,55 @@ def _baseline(args: argparse.Namespace) -> int:
     return worst
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.plugins import env_for, load_plugins
+    from compiler.target import host_cores
+
+    from .core import SuiteSpec
+    from .timing import timing_env
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    if options.gpu_arch:
+        raise UsageError("fuseguard profile times the host CPU")
+    threads = args.threads or host_cores()
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    results, worst = [], EXIT_OK
+    env = {**env_for(args.plugin), **timing_env(threads)}
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
+        for source in _sources(args):
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            try:
+                result = worker.call("verify.profile:profile_model", what=f"profiling {label}",
+                                     timeout=args.timeout, source=source,
+                                     shapes=shapes if not isinstance(source, SuiteSpec) else None,
+                                     options=options, threads=threads, repeats=args.repeats)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            results.append(result)
+            console.print(result.render(max_rows=args.rows))
+            slower = result.slower_groups()
+            if slower:
+                console.print(f"{result.model}: {len(slower)} fused kernel(s) slower than their unfused parts "
+                              f"by > 5%: " + ", ".join(g.kernel for g in slower[:6]))
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
+    return worst
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -395,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from .bisect import run_bisect
 
-    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns,
+    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
                "bisect": run_bisect}[args.command]
     try:
         return handler(args)

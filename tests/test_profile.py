@@ -1,0 +1,55 @@
+"""`fuseguard profile`: per-kernel timing of both builds, fused kernels paired with their unfused parts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from verify.profile import SiteTime, group_parts, profile_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _site(kernel: str, nodes: list[str], us: float) -> SiteTime:
+    return SiteTime(kernel=kernel, pattern="generic", nodes=nodes, us=us, bytes=0, flops=0)
+
+
+def test_parts_are_the_unfused_kernels_of_the_same_nodes() -> None:
+    fused = [_site("f_matmul_add_relu", ["mm", "add", "relu"], 10.0), _site("f_softmax", ["sm"], 3.0)]
+    unfused = [_site("matmul", ["mm"], 8.0), _site("add", ["add"], 2.0), _site("relu", ["relu"], 2.0),
+               _site("softmax", ["sm"], 4.0), _site("reshape", [], 1.0)]
+    first, second = group_parts(fused, unfused)
+    assert (first.parts, first.parts_us) == (3, 12.0) and first.speedup == 1.2
+    assert (second.parts, second.parts_us) == (1, 4.0)
+
+
+def test_an_unfused_kernel_spanning_two_groups_is_not_counted_twice() -> None:
+    fused = [_site("a", ["n1"], 1.0), _site("b", ["n2"], 1.0)]
+    unfused = [_site("ab", ["n1", "n2"], 5.0)]
+    assert [g.parts for g in group_parts(fused, unfused)] == [0, 0]
+
+
+def test_profile_of_a_suite_model() -> None:
+    from verify.core import SuiteSpec
+
+    result = profile_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 16))), repeats=5)
+    assert result.fused and result.unfused and result.peak_gflops > 0
+    assert len(result.groups) == len(result.fused)
+    assert result.fused_total_us > 0 and result.unfused_total_us > 0
+    matmuls = [g for g in result.groups if g.flops > 0]
+    assert matmuls and all(g.parts >= 1 for g in matmuls)          # every matmul kernel found its parts
+    assert sum(g.parts_us for g in result.groups) <= result.unfused_total_us + 1e-6
+    d = result.to_dict()
+    assert {"fused_total_us", "unfused_total_us", "groups", "peak_gflops"} <= set(d)
+
+
+def test_profile_cli_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "fuseguard profile: conv_bn_relu" in proc.stdout
+    (entry,) = json.loads(out.read_text()).values()
+    assert entry["groups"] and entry["fused_total_us"] > 0

@@ -1,0 +1,250 @@
+"""Per-group profile: every kernel of the fused and of the unfused build timed on the same inputs.
+
+`fuseguard profile MODEL` prints, per fused kernel: its time, the summed time of the unfused kernels that
+compute the same ONNX nodes, bytes at its boundary, GFLOP/s and its share of what numpy's BLAS sgemm
+reaches in the same run (the stand-in for the machine's peak: TVM's packed matmul can pass it, as
+OpenBLAS on Zen4 does not reach the FMA peak), and the fusion decision's reason. It is the measurement behind the
+cost model's claims: a fused group slower than its parts shows up here as a speedup below 1.
+
+Timing: the VM's instrument hook records `perf_counter` around every call (TVM 0.27's VM has no
+profiler); kernel calls are tied to the build's call sites by execution order (`FusionReport.call_sites`).
+The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Calibration: an n x n x n float32 matmul through numpy's BLAS, the best this CPU does on the same
+#: threads; 1024 takes ~20-40 ms on 2 Zen4 cores, long enough to time and short enough to repeat.
+PEAK_SGEMM_N = 1024
+
+
+@dataclass
+class SiteTime:
+    kernel: str
+    pattern: str
+    nodes: list[str]
+    us: float
+    bytes: int
+    flops: int
+    reason: str = ""
+
+
+@dataclass
+class GroupProfile:
+    """One fused kernel against the unfused kernels computing the same ONNX nodes."""
+
+    kernel: str
+    pattern: str
+    nodes: list[str]
+    fused_us: float
+    parts_us: float
+    parts: int
+    bytes: int
+    flops: int
+    reason: str
+
+    @property
+    def speedup(self) -> float:
+        return self.parts_us / self.fused_us if self.fused_us > 0 else float("nan")
+
+    def gflops(self) -> float:
+        return self.flops / (self.fused_us * 1e3) if self.fused_us > 0 else 0.0
+
+
+@dataclass
+class ProfileResult:
+    model: str
+    cpu: str
+    threads: int
+    repeats: int
+    peak_gflops: float
+    overhead_us: float
+    fused: list[SiteTime] = field(default_factory=list)
+    unfused: list[SiteTime] = field(default_factory=list)
+    groups: list[GroupProfile] = field(default_factory=list)
+
+    @property
+    def fused_total_us(self) -> float:
+        return sum(s.us for s in self.fused)
+
+    @property
+    def unfused_total_us(self) -> float:
+        return sum(s.us for s in self.unfused)
+
+    def slower_groups(self, margin: float = 0.05) -> list[GroupProfile]:
+        """Fused kernels slower than their parts by more than `margin`."""
+        return [g for g in self.groups if g.parts and g.fused_us > g.parts_us * (1 + margin)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fused_total_us"], d["unfused_total_us"] = self.fused_total_us, self.unfused_total_us
+        for g, out in zip(self.groups, d["groups"]):
+            out["speedup"], out["gflops"] = g.speedup, g.gflops()
+        return d
+
+    def render(self, *, max_rows: int = 60) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"fuseguard profile: {self.model} ({self.cpu}, {self.threads} threads, median of "
+                            f"{self.repeats}; numpy BLAS sgemm {self.peak_gflops:.0f} GFLOP/s in this run; hook "
+                            f"{self.overhead_us:.1f} us/call subtracted)")
+        for col, justify in (("kernel", "left"), ("pattern", "left"), ("ONNX nodes", "left"),
+                             ("fused us", "right"), ("unfused parts us", "right"), ("parts / fused", "right"),
+                             ("MB moved", "right"), ("GFLOP/s", "right"), ("% of sgemm", "right"), ("why", "left")):
+            table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        ranked = sorted(self.groups, key=lambda g: -g.fused_us)
+        for g in ranked[:max_rows]:
+            nodes = ", ".join(g.nodes[:3]) + (f" (+{len(g.nodes) - 3})" if len(g.nodes) > 3 else "")
+            gf = g.gflops()
+            ratio = f"{g.speedup:.2f}x" if g.parts else "-"
+            if g.parts and g.speedup < 0.95:
+                ratio = f"[red]{ratio}[/]"
+            table.add_row(g.kernel[:48], g.pattern, nodes, f"{g.fused_us:.1f}",
+                          f"{g.parts_us:.1f}" if g.parts else "-", ratio, f"{g.bytes / 1e6:.2f}",
+                          f"{gf:.1f}" if g.flops else "-",
+                          f"{100 * gf / self.peak_gflops:.0f}%" if g.flops and self.peak_gflops else "-",
+                          g.reason[:90])
+        table.add_row("total", "", f"{len(self.fused)} fused / {len(self.unfused)} unfused kernels",
+                      f"{self.fused_total_us:.1f}", f"{self.unfused_total_us:.1f}",
+                      f"{self.unfused_total_us / self.fused_total_us:.2f}x" if self.fused_total_us else "-",
+                      "", "", "", "")
+        return table
+
+
+def measure_peak_gflops(threads: int, n: int = PEAK_SGEMM_N, repeats: int = 5) -> float:
+    """Best GFLOP/s of a float32 BLAS matmul (numpy) on this machine now: the "peak" a kernel is shared of."""
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+    except ImportError:                              # numpy's BLAS then uses its own default pool
+        threadpool_limits = None
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+
+    def run() -> float:
+        best = float("inf")
+        a @ b
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        return 2 * n ** 3 / best / 1e9
+
+    if threadpool_limits is not None:
+        with threadpool_limits(limits=threads):
+            return run()
+    return run()
+
+
+def time_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], *, repeats: int = 20,
+                    warmup: int = 3) -> tuple[list[float], float]:
+    """Median microseconds per kernel call site (in `compiled.report.call_sites` order), and the hook's
+    own per-call cost (median duration of the VM's trivial builtins), already subtracted."""
+    import tvm
+
+    sites = compiled.report.call_sites
+    vm = compiled.vm()
+    run = compiled.time_fn(inputs)
+    marks: list[tuple[str, bool, float]] = []
+
+    def hook(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        marks.append((symbol, bool(before), time.perf_counter()))
+        return 0
+
+    vm.set_instrument(tvm.runtime.convert(hook) if hasattr(tvm.runtime, "convert") else hook)
+    per_site: list[list[float]] = [[] for _ in sites]
+    trivial: list[float] = []
+    try:
+        for i in range(warmup + repeats):
+            marks.clear()
+            run()
+            if i < warmup:
+                continue
+            calls: list[tuple[str, float]] = []
+            stack: list[tuple[str, float]] = []
+            for symbol, before, t in marks:
+                if before:
+                    stack.append((symbol, t))
+                elif stack:
+                    name, start = stack.pop()
+                    calls.append((name, (t - start) * 1e6))
+            kernels = [(n, us) for n, us in calls if not n.startswith("vm.builtin")]
+            trivial += [us for n, us in calls if n in ("vm.builtin.check_tensor_info", "vm.builtin.match_shape")]
+            # Sites and calls in the same order; a site with no call became a view after scheduling
+            # (RewriteDataflowReshape turns reshape kernels into no-ops): it costs nothing.
+            j = 0
+            for slot, site in zip(per_site, sites):
+                if j < len(kernels) and kernels[j][0] == site["kernel"]:
+                    slot.append(kernels[j][1])
+                    j += 1
+                else:
+                    slot.append(0.0)
+            if j != len(kernels):
+                raise RuntimeError(f"{compiled.name}: kernel call {kernels[j][0]!r} does not line up with the "
+                                   f"build's call sites")
+    finally:
+        vm.set_instrument(None)
+    overhead = float(np.median(trivial)) if trivial else 0.0
+    return [max(0.0, float(np.median(s)) - overhead) if any(s) else 0.0 for s in per_site], overhead
+
+
+def _sites(compiled: Any, times: Sequence[float]) -> list[SiteTime]:
+    return [SiteTime(kernel=s["kernel"], pattern=s["pattern"], nodes=list(s["nodes"]), us=t, bytes=s["bytes"],
+                     flops=s["flops"], reason=s.get("reason", "")) for s, t in zip(compiled.report.call_sites, times)]
+
+
+def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[GroupProfile]:
+    """Each fused kernel with the unfused kernels whose ONNX nodes it computes (a node belongs to the
+    first fused kernel that lists it)."""
+    owner: dict[str, int] = {}
+    for i, site in enumerate(fused):
+        for node in site.nodes:
+            owner.setdefault(node, i)
+    parts_us = [0.0] * len(fused)
+    parts_n = [0] * len(fused)
+    for site in unfused:
+        owners = {owner[n] for n in site.nodes if n in owner}
+        if len(owners) == 1:
+            (i,) = owners
+            parts_us[i] += site.us
+            parts_n[i] += 1
+    return [GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=f.us, parts_us=parts_us[i],
+                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason)
+            for i, f in enumerate(fused)]
+
+
+def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
+                  threads: int | None = None, repeats: int = 20, seed: int = 0,
+                  name: str | None = None) -> ProfileResult:
+    """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node."""
+    from compiler.onnx_loader import load
+    from compiler.pipeline import CompileOptions, compile_model
+    from compiler.plugins import load_env_plugins
+    from compiler.target import host_cores
+
+    from .core import SuiteSpec
+    from .inputs import make_inputs
+
+    load_env_plugins()
+    options = options or CompileOptions()
+    if isinstance(source, SuiteSpec):
+        name = name or source.label
+        source = source.build()
+    loaded = load(source, shapes, name=name)
+    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+    threads = threads or host_cores()
+    fused = compile_model(loaded, options=options)
+    unfused = compile_model(loaded, options=options.unfused())
+    fused_t, overhead = time_call_sites(fused, inputs, repeats=repeats)
+    unfused_t, _ = time_call_sites(unfused, inputs, repeats=repeats)
+    result = ProfileResult(model=loaded.name, cpu=fused.target.label, threads=threads, repeats=repeats,
+                           peak_gflops=measure_peak_gflops(threads), overhead_us=overhead,
+                           fused=_sites(fused, fused_t), unfused=_sites(unfused, unfused_t))
+    result.groups = group_parts(result.fused, result.unfused)
+    return result
