@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from .decisions import Measured, decision_key
 from .hardware import Hardware
 from .legality import convexity_violation
 from .patterns import CostEstimate, Match, PatternRule, intermediate_traffic_cost
@@ -23,6 +25,8 @@ class Decision:
     predicted_us: float = 0.0
     onnx_nodes: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)   # names of the vars the group reads (links it to its call)
+    key: str = ""                 # the group's structural key in the measured-decision database
+    source: str = "estimate"      # what decided: "estimate", "measured", "check", "legality" or "user"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,23 +40,30 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, disabled_why: str = "") -> Decision:
-    """Fuse when the pattern is enabled, its feasibility check passes and the predicted benefit is positive."""
+def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, disabled_why: str = "",
+           measured: Mapping[str, Measured] | None = None, target: str = "") -> Decision:
+    """Refuse when disabled, illegal or infeasible; otherwise a measurement of this group's structure on this
+    target decides where one exists (`fuseguard tune`), else the predicted benefit."""
     out = match.output_var()
-    base = dict(pattern=rule.name, variant=match.variant, ops=match.ops,
+    key = decision_key(rule.name, match.variant, match.ops, match.input_vars(), match.constants(), out, target)
+    base = dict(pattern=rule.name, variant=match.variant, ops=match.ops, key=key,
                 anchor=out.name if out is not None else "", var_names=match.var_names, inputs=match.input_names)
     estimate: CostEstimate = (rule.cost or intermediate_traffic_cost)(match, hw)
     numbers = dict(bytes_saved=estimate.bytes_saved, launches_saved=estimate.launches_saved,
                    predicted_us=estimate.predicted_us)
     if disabled:
-        return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", **base, **numbers)
+        return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", source="user",
+                        **base, **numbers)
     illegal = convexity_violation(match.bindings, match.var_usages)
     if illegal:
-        return Decision(fused=False, reason=illegal, **base, **numbers)
+        return Decision(fused=False, reason=illegal, source="legality", **base, **numbers)
     if rule.check is not None:
         why_not = rule.check(match, hw)
         if why_not:
-            return Decision(fused=False, reason=why_not, **base, **numbers)
+            return Decision(fused=False, reason=why_not, source="check", **base, **numbers)
+    found = (measured or {}).get(key)
+    if found is not None:
+        return Decision(fused=found.fuse, reason=found.reason, source="measured", **base, **numbers)
     if not estimate.beneficial:
         return Decision(fused=False, reason=f"no predicted benefit on {hw.name} (saves {_fmt_bytes(estimate.bytes_saved)})",
                         **base, **numbers)

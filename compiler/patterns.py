@@ -67,6 +67,31 @@ class Match:
                 names.append(value.op.name.removeprefix("relax.").removeprefix("nn."))
         return names
 
+    def input_vars(self) -> list[relax.Var]:
+        """Vars the group reads but does not bind, in first-use order."""
+        bound, found = set(self.bindings), []
+
+        def visit(expr: relax.Expr) -> None:
+            if isinstance(expr, relax.Var) and expr not in bound and expr not in found:
+                found.append(expr)
+
+        for value in self.bindings.values():
+            relax.analysis.post_order_visit(value, visit)
+        return found
+
+    def constants(self) -> list[relax.Expr]:
+        """Tensor constants the group reads (weights, biases, scales)."""
+        found: list[relax.Expr] = []
+
+        def visit(expr: relax.Expr) -> None:
+            if not isinstance(expr, (relax.Var, relax.Call)) and isinstance(getattr(expr, "ty", None), relax.TensorType) \
+                    and hasattr(getattr(expr, "value", None), "numpy"):
+                found.append(expr)
+
+        for value in self.bindings.values():
+            relax.analysis.post_order_visit(value, visit)
+        return found
+
     def escaping(self) -> list[relax.Var]:
         """Bound vars other than the group's output that are also read outside the group (the fused call
         must then return them too, as a tuple)."""

@@ -40,7 +40,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, patterns, report
+from . import cost, decisions, patterns, report
 from .errors import CompileError, FuseguardError, UsageError
 from .hardware import Hardware, for_target
 from .importer import ImportResult, import_folded, import_model, provenance_of
@@ -82,6 +82,9 @@ class CompileOptions:
     schedule: bool = True
     num_threads: int | None = None
     extra_passes: tuple[tuple[str, PassLike], ...] = ()      # (stage, fn) for this build only
+    #: measured-decision database (compiler/decisions.py): None = the architecture's default file,
+    #: "" = estimates only
+    decision_db: str | None = None
 
     def unfused(self) -> "CompileOptions":
         return replace(self, fusion=False)
@@ -190,12 +193,13 @@ def generated_source(executable: Any, kind: str = "cuda") -> str:
 # ----------------------------------------------------------------------------- fusion with decisions
 
 def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decision],
-                     vetoed: dict[tuple[str, tuple[str, ...]], str]) -> list[relax.transform.FusionPattern]:
+                     vetoed: dict[tuple[str, tuple[str, ...]], str], spec: TargetSpec) -> list[relax.transform.FusionPattern]:
     """FusionPatterns whose check asks the cost model, and that stamp each composite function with the id
     of the decision that made it (`fuseguard.decision`), so the report can name why every group exists."""
     out = []
     seen: dict[tuple[str, str], int] = {}
     by_root: dict[relax.Expr, int] = {}
+    measured = decisions.load(decisions.db_path(spec.class_id, options.decision_db))
     for rule in patterns.rules():
         disabled = rule.name in options.disabled_patterns
         for variant, pat, ann in rule.variants():
@@ -205,7 +209,8 @@ def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decis
                                        bindings=dict(ctx.matched_bindings), var_usages=usages)
                 veto = vetoed.get((rule.name, tuple(match.input_names)))
                 decision = cost.decide(rule, match, hw, disabled=disabled or veto is not None,
-                                       disabled_why=veto or f"pattern '{rule.name}' disabled by the user (--disable-pattern)")
+                                       disabled_why=veto or f"pattern '{rule.name}' disabled by the user (--disable-pattern)",
+                                       measured=measured, target=spec.class_id)
                 key = (rule.name, decision.anchor)
                 if key not in seen:
                     seen[key] = len(log)
@@ -318,7 +323,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                 # matcher sees it (an RMSNorm inside a dead LayerNorm decomposition, a phantom consumer)
                 mod = T.DeadCodeElimination(["main"])(mod)
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
-        fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed)
+        fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed, spec)
         mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
                                                           annotate_codegen=False)], mod)
         links = report.link_decisions(mod, decisions)

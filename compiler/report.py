@@ -24,7 +24,9 @@ class FusedGroup:
     predicted_us: float = 0.0     # the cost model's predicted saving for this group (0 for generic groups)
     bytes_saved: int = 0
     kernel: str = ""              # the PrimFunc it became (FuseTIR may share one between identical groups)
-    call_var: str = ""            # the var `main` binds the group's result to (stable through FuseTIR)
+    call_var: str = ""            # the var `main` binds the group's result to
+    decision_key: str = ""        # the deciding Decision's key (compiler/decisions.py); "" for generic groups
+    decided_by: str = ""          # "estimate" or "measured" for pattern groups
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -232,10 +234,16 @@ def _groups_by_site(sites: list[tuple[str, str]], groups: list[FusedGroup]) -> l
     names the PrimFunc after the group's function, so walking both in order ties them (var names do
     not: FuseOpsByPattern names many calls `lv`); a site with no group in turn (a kernel emitted outside
     fusion, e.g. a replacement's transpose) gets None."""
+    import re
+
+    def base(name: str) -> str:   # FuseTIR shares one PrimFunc between identical groups (`f`, `f1`, ...)
+        return re.sub(r"\d+$", "", name)
+
     out: list[FusedGroup | None] = []
     i = 0
     for _, kernel, _ in sites:
-        if i < len(groups) and kernel in (groups[i].function, groups[i].kernel):
+        if i < len(groups) and (kernel in (groups[i].function, groups[i].kernel)
+                                or base(kernel) == base(groups[i].function)):
             out.append(groups[i])
             i += 1
         else:
@@ -254,7 +262,8 @@ def kernel_call_sites(mod: tvm.IRModule, groups: list[FusedGroup], provenance) -
     for (var, kernel, nbytes), g in zip(sites, _groups_by_site(sites, groups)):
         out.append({"var": var, "kernel": kernel, "nodes": list(g.onnx_nodes) if g is not None else
                     list(provenance([var])), "pattern": g.pattern if g is not None else "single op",
-                    "reason": g.reason if g is not None else "", "bytes": nbytes, "flops": flops.get(kernel, 0)})
+                    "reason": g.reason if g is not None else "", "bytes": nbytes, "flops": flops.get(kernel, 0),
+                    "key": g.decision_key if g is not None else ""})
     return out
 
 
@@ -406,7 +415,8 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                                              reason=decision.reason + "; hand-written tiled kernel",
                                              output_var=decision.anchor, predicted_us=decision.predicted_us,
                                              bytes_saved=decision.bytes_saved, kernel=value.args[0].name_hint,
-                                             call_var=binding.var.name))
+                                             call_var=binding.var.name, decision_key=decision.key,
+                                             decided_by=decision.source))
                     continue
                 if not (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)):
                     continue
@@ -420,6 +430,7 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                 composite = str(func.attrs["Composite"]) if "Composite" in func.attrs else None
                 pattern, reason, anchor = "generic", "TVM FuseOps: injective/reduction ops merged into their producer", ""
                 predicted, saved = 0.0, 0
+                key, decided_by = "", ""
                 nodes = provenance(site if site else [n for n in names if n not in {p.name for p in func.params}])
                 if composite:
                     pattern = composite.split(".", 1)[-1]
@@ -428,13 +439,15 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                     if decision is not None:
                         reason, anchor = decision.reason, decision.anchor
                         predicted, saved = decision.predicted_us, decision.bytes_saved
+                        key, decided_by = decision.key, decision.source
                         nodes = provenance(decision.var_names)
                         decision.onnx_nodes = nodes
                 if len(ops) < 2 and pattern == "generic":
                     continue
                 groups.append(FusedGroup(function=value.op.name_hint, pattern=pattern, ops=ops, onnx_nodes=nodes,
                                          reason=reason, output_var=anchor or binding.var.name,
-                                         predicted_us=predicted, bytes_saved=saved, call_var=binding.var.name))
+                                         predicted_us=predicted, bytes_saved=saved, call_var=binding.var.name,
+                                         decision_key=key, decided_by=decided_by))
 
     if isinstance(main.body, relax.SeqExpr):
         visit_seq(main.body)

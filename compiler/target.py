@@ -28,6 +28,12 @@ class TargetSpec:
     def label(self) -> str:
         return self.arch if self.is_gpu else f"cpu ({self.arch})"
 
+    @property
+    def class_id(self) -> str:
+        """The architecture's file stem for per-architecture data (baselines, measured decisions):
+        `sm_80`, or `cpu-<mcpu>-<cores>c` (LLVM's CPU name plus usable cores)."""
+        return self.arch if self.is_gpu else f"cpu-{self.arch.strip().lower()}-{self.num_cores or 1}c"
+
     def tvm_target(self) -> tvm.target.Target:
         if self.is_gpu:
             return tvm.target.Target({"kind": "cuda", "arch": self.arch})

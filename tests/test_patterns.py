@@ -79,11 +79,11 @@ def test_unschedulable_fused_group_is_vetoed(monkeypatch: pytest.MonkeyPatch) ->
     real = pipeline._schedule
 
     def schedule_leaving_convs_alone(mod, spec, target, options):
-        mod, left = real(mod, spec, target, options)
+        mod, left, scheduled = real(mod, spec, target, options)
         for gv in mod.get_global_vars():
             if "conv2d" in gv.name_hint and "relu" in gv.name_hint:
                 left[gv.name_hint] = "no rule matched"
-        return mod, left
+        return mod, left, scheduled
 
     monkeypatch.setattr(pipeline, "_schedule", schedule_leaving_convs_alone)
     b = build("conv_bn_relu")

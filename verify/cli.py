@@ -79,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--rows", type=int, default=40, help="kernels shown, slowest first (default 40)")
     pr.add_argument("--json", default=None, metavar="FILE", help="write the profiles as JSON")
 
+    tu = sub.add_parser("tune", help="measure each pattern group fused vs its unfused parts and record the "
+                                     "verdict in the architecture's decision database")
+    tu.add_argument("models", nargs="+", metavar="MODEL", help="ONNX files or suite model names")
+    _add_build_options(tu)
+    tu.add_argument("--threads", type=int, default=None, help="threads for TVM (default: all cores)")
+    tu.add_argument("--repeats", type=int, default=20, help="timed runs after warm-up (default 20)")
+    tu.add_argument("--decision-db", default=None, metavar="FILE",
+                    help="database file (default: baselines/decisions/<arch>.json)")
+
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
 
@@ -437,6 +446,42 @@ def _profile(args: argparse.Namespace) -> int:
     return worst
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.plugins import env_for, load_plugins
+    from compiler.target import host_cores
+
+    from .core import SuiteSpec
+    from .timing import timing_env
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    if options.gpu_arch:
+        raise UsageError("fuseguard tune measures on the host CPU")
+    threads = args.threads or host_cores()
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    worst = EXIT_OK
+    env = {**env_for(args.plugin), **timing_env(threads)}
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
+        for source in _sources(args):
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            try:
+                result = worker.call("verify.tune:tune_model", what=f"tuning {label}", timeout=args.timeout,
+                                     source=source, shapes=shapes if not isinstance(source, SuiteSpec) else None,
+                                     options=options, threads=threads, repeats=args.repeats, db=args.decision_db)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            print(result.render())
+    return worst
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -454,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
+               "tune": _tune,
                "bisect": run_bisect}[args.command]
     try:
         return handler(args)

@@ -34,6 +34,7 @@ class SiteTime:
     bytes: int
     flops: int
     reason: str = ""
+    key: str = ""
 
 
 @dataclass
@@ -49,6 +50,7 @@ class GroupProfile:
     bytes: int
     flops: int
     reason: str
+    key: str = ""
 
     @property
     def speedup(self) -> float:
@@ -196,7 +198,8 @@ def time_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], *, repeats:
 
 def _sites(compiled: Any, times: Sequence[float]) -> list[SiteTime]:
     return [SiteTime(kernel=s["kernel"], pattern=s["pattern"], nodes=list(s["nodes"]), us=t, bytes=s["bytes"],
-                     flops=s["flops"], reason=s.get("reason", "")) for s, t in zip(compiled.report.call_sites, times)]
+                     flops=s["flops"], reason=s.get("reason", ""), key=s.get("key", ""))
+            for s, t in zip(compiled.report.call_sites, times)]
 
 
 def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[GroupProfile]:
@@ -215,7 +218,7 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[
             parts_us[i] += site.us
             parts_n[i] += 1
     return [GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=f.us, parts_us=parts_us[i],
-                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason)
+                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason, key=f.key)
             for i, f in enumerate(fused)]
 
 

@@ -1,0 +1,67 @@
+"""Measured decisions: `fuseguard tune` records per group structure, and a measurement beats the estimate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from compiler import decisions
+from compiler.pipeline import CompileOptions, compile_model
+from suites.models import get_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _model(name: str, **dims: int):
+    model = get_model(name)
+    return model.make({**model.default_dims, **dims}, seed=0)
+
+
+def _write_db(path: Path, entries: dict) -> None:
+    path.write_text(json.dumps({"schema": decisions.SCHEMA, "versions": decisions.versions(), "entries": entries}))
+
+
+def test_key_is_the_structure_not_the_model() -> None:
+    a = compile_model(_model("bert_encoder", seq=16), options=CompileOptions(decision_db="", schedule=False))
+    b = compile_model(_model("bert_encoder", seq=16), options=CompileOptions(decision_db="", schedule=False))
+    c = compile_model(_model("bert_encoder", seq=32), options=CompileOptions(decision_db="", schedule=False))
+    keys = lambda m: sorted(d.key for d in m.report.decisions if d.fused)  # noqa: E731
+    assert keys(a) == keys(b) and all(keys(a))
+    assert set(keys(a)).isdisjoint(keys(c))          # another sequence length is another measurement
+
+
+def test_a_measurement_overrides_the_estimate(tmp_path: Path) -> None:
+    base = compile_model(_model("bert_encoder", seq=16), options=CompileOptions(decision_db="", schedule=False))
+    attention = next(d for d in base.report.decisions if d.pattern == "attention")
+    assert attention.fused and attention.source == "estimate"
+    db = tmp_path / "db.json"
+    _write_db(db, {attention.key: {"fuse": False, "fused_us": 50.0, "parts_us": 40.0, "model": "m",
+                                   "measured_at": "2026-12-01"}})
+    tuned = compile_model(_model("bert_encoder", seq=16), options=CompileOptions(decision_db=str(db), schedule=False))
+    decision = next(d for d in tuned.report.decisions if d.key == attention.key)
+    assert not decision.fused and decision.source == "measured" and "measured" in decision.reason
+    assert not [g for g in tuned.report.groups if g.pattern == "attention"]
+
+
+def test_stale_or_corrupt_databases_are_ignored(tmp_path: Path) -> None:
+    db = tmp_path / "db.json"
+    db.write_text("{not json")
+    assert decisions.load(db) == {}
+    db.write_text(json.dumps({"schema": decisions.SCHEMA, "versions": {"fuseguard": "0.0", "tvm": "0"},
+                              "entries": {"k": {"fuse": False, "fused_us": 1, "parts_us": 1}}}))
+    assert decisions.load(db) == {}
+    assert decisions.db_path("cpu-x-2c", "") is None
+
+
+def test_tune_writes_the_database(tmp_path: Path) -> None:
+    db = tmp_path / "decisions.json"
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "tune", "mlp_gelu", "--repeats", "3",
+                           "--decision-db", str(db)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(db.read_text())
+    assert doc["schema"] == decisions.SCHEMA and doc["entries"]
+    (entry,) = [e for e in doc["entries"].values() if e["pattern"] == "matmul_bias_gelu"][:1]
+    assert entry["fused_us"] > 0 and entry["parts_us"] > 0 and isinstance(entry["fuse"], bool)
+    assert "matmul_bias_gelu" in proc.stdout
