@@ -98,6 +98,62 @@ class FrontendError(ModelError):
     """TVM's ONNX frontend failed on a model that onnx.checker accepts; names the node when known."""
 
 
+def _static_dims(expr: relax.Expr) -> list[int] | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return [int(d) for d in ty.shape.values]
+    except (TypeError, AttributeError):
+        return None
+
+
+def _layer_norm_with_stats(inputs: list, attrs: dict) -> relax.Expr | None:
+    """LayerNormalization with its Mean and InvStdDev outputs, shaped as ONNX says (the reduced axes kept
+    as 1s); the stock converter returns two scalar placeholders for them."""
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dims = _static_dims(x)
+    if dims is None or str(x.ty.dtype) != "float32":
+        return None
+    axis = int(attrs.get("axis", -1)) % len(dims)
+    axes = list(range(axis, len(dims)))
+    eps = relax.const(float(attrs.get("epsilon", 1e-5)), "float32")
+    mean = relax.op.mean(x, axes, keepdims=True)
+    centred = relax.op.subtract(x, mean)
+    var = relax.op.mean(relax.op.multiply(centred, centred), axes, keepdims=True)
+    inv = relax.op.divide(relax.const(1.0, "float32"), relax.op.sqrt(relax.op.add(var, eps)))
+    if bias is None:
+        bias = relax.op.zeros_like(scale)
+    y = relax.op.nn.layer_norm(x, scale, bias, axes, float(attrs.get("epsilon", 1e-5)))
+    return relax.Tuple([y, mean, inv])
+
+
+def _expand_static(inputs: list) -> relax.Expr | None:
+    """Expand with a constant target shape: ONNX broadcasts both ways (data (3, 1) to shape (2, 1, 6) is
+    (2, 3, 6)); the stock converter keeps the target's 1s (measured: (2, 1, 6))."""
+    data, shape = inputs
+    dims = _static_dims(data)
+    if dims is None:
+        return None
+    if isinstance(shape, relax.ShapeExpr):
+        try:
+            target = [int(d) for d in shape.values]
+        except (TypeError, AttributeError):
+            return None
+    elif hasattr(getattr(shape, "value", None), "numpy") and not isinstance(shape, relax.Var):
+        target = [int(v) for v in shape.value.numpy().reshape(-1)]
+    else:
+        return None
+    import numpy as np
+
+    try:
+        out = list(np.broadcast_shapes(tuple(dims), tuple(target)))
+    except ValueError:
+        return None
+    return relax.op.broadcast_to(data, out) if out != dims else data
+
+
 def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
     """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
 
@@ -109,6 +165,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
       hiding ResNet's residual add from the Conv+Add+ReLU pattern; a chain of adds computes the same.
     - `Clip` with constant bounds: the stock converter emits opaque TE calls that no pattern can see;
       `relax.op.clip` keeps ReLU6 / HardSwish / HardSigmoid recognisable.
+    - ONNX semantics the stock converters get wrong (the node conformance suite, `fuseguard conformance`):
+      LayerNormalization's Mean/InvStdDev outputs, Expand's two-way broadcast, IsInf's detect_* flags.
     """
     if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
         training = inputs[2] if len(inputs) > 2 else None
@@ -117,6 +175,20 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
         if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
             return relax.Tuple([inputs[0]])
         return relax.Tuple([inputs[0], relax.op.ones_like(inputs[0], dtype="bool")])
+    if op_name == "LayerNormalization" and attrs.get("tvm_custom", {}).get("num_outputs", 1) > 1:
+        return _layer_norm_with_stats(inputs, attrs)
+    if op_name == "Expand" and len(inputs) == 2:
+        return _expand_static(inputs)
+    if op_name == "IsInf" and inputs and isinstance(inputs[0], relax.Expr):
+        x = inputs[0]
+        pos, neg = int(attrs.get("detect_positive", 1)), int(attrs.get("detect_negative", 1))
+        if pos and neg:
+            return None
+        inf = relax.op.isinf(x)
+        zero = relax.const(0, str(x.ty.dtype))
+        if not pos and not neg:
+            return relax.op.logical_and(inf, relax.op.less(zero, zero))      # all false, same shape
+        return relax.op.logical_and(inf, relax.op.greater(x, zero) if pos else relax.op.less(x, zero))
     if op_name == "Cast" and inputs and isinstance(inputs[0], relax.Expr) and "to" in attrs:
         # softmax(x, dtype=float32).to(q.dtype) in HF exports: a float32 -> float32 Cast that would sit
         # between the attention softmax and its PV matmul. A same-type Cast is the identity.

@@ -137,6 +137,36 @@ def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) ->
     return mod
 
 
+@tvm.transform.module_pass(opt_level=0, name="ExpandSmallPowers")
+def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """power(x, 2) -> x * x and power(x, 3) -> x * (x * x), for float tensors.
+
+    LLVM lowers `powf` inside a vectorised loop to one scalar libm call per lane: GPT-2's tanh GELU
+    (`0.044715 * x^3`) fused into the MLP matmul's epilogue made that kernel 76 us slower than its
+    unfused parts (benchmarks/regret.py, Zen4). Two multiplies are vector instructions and exact to
+    within an ulp of powf; the patterns accept both spellings.
+    """
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    x, c = wildcard(), is_const()
+    pattern = is_op("relax.power")(x, c)
+
+    def rewrite(expr: relax.Expr, m: dict) -> relax.Expr:
+        ty = m[x].ty
+        if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith("float"):
+            return expr
+        exponent = np.asarray(_np(m[c]))
+        if exponent.size != 1 or float(exponent.reshape(())) not in (2.0, 3.0):
+            return expr
+        square = relax.op.multiply(m[x], m[x])
+        return square if float(exponent.reshape(())) == 2.0 else relax.op.multiply(m[x], square)
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            mod[gv] = rewrite_call(pattern, rewrite, func)
+    return mod
+
+
 # ------------------------------------------------------------------------ recognising decomposed ops
 
 def merged_tag(names: list[str], op: str) -> str:

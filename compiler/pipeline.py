@@ -3,6 +3,7 @@
     import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
     1  FoldConstant                 materialise weights built by ConstantOfShape/Expand/...
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
+       ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
@@ -45,7 +46,7 @@ from .errors import CompileError, FuseguardError, UsageError
 from .hardware import Hardware, for_target
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
-from .passes import FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
+from .passes import ExpandSmallPowers, FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -304,7 +305,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
     T = relax.transform
     mod = stage("fold_constant", [T.FoldConstant()], mod)
-    mod = stage("normalize", [NormalizeFlattenedGemm], mod)
+    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers], mod)
     if options.bn_folding:
         mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)

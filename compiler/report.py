@@ -263,7 +263,8 @@ def kernel_call_sites(mod: tvm.IRModule, groups: list[FusedGroup], provenance) -
         out.append({"var": var, "kernel": kernel, "nodes": list(g.onnx_nodes) if g is not None else
                     list(provenance([var])), "pattern": g.pattern if g is not None else "single op",
                     "reason": g.reason if g is not None else "", "bytes": nbytes, "flops": flops.get(kernel, 0),
-                    "key": g.decision_key if g is not None else ""})
+                    "key": g.decision_key if g is not None else "",
+                    "predicted_us": g.predicted_us if g is not None else 0.0})
     return out
 
 

@@ -35,6 +35,12 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     add_build_options(p.add_argument)
 
 
+def _add_build_options_no_model(p: argparse.ArgumentParser) -> None:
+    from .options import add_build_options
+
+    add_build_options(p.add_argument, timeout=300.0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fuseguard", description="Operator-fusion compiler on TVM Relax, and its verifier.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -87,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--repeats", type=int, default=20, help="timed runs after warm-up (default 20)")
     tu.add_argument("--decision-db", default=None, metavar="FILE",
                     help="database file (default: baselines/decisions/<arch>.json)")
+
+    co = sub.add_parser("conformance", help="the ONNX backend node tests, fused and unfused, against their "
+                                            "expected outputs and ONNX Runtime")
+    co.add_argument("--ops", default=None, metavar="GLOB[,GLOB]", help="only operators matching, e.g. 'Reduce*'")
+    co.add_argument("--sample", action="store_true", help="one case per operator (the default pytest run's set)")
+    co.add_argument("--case", action="append", default=[], metavar="NAME", help="one case by name (repeatable)")
+    co.add_argument("--json", default=None, metavar="FILE", help="write every case's outcome as JSON")
+    _add_build_options_no_model(co)
 
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
@@ -482,6 +496,34 @@ def _tune(args: argparse.Namespace) -> int:
     return worst
 
 
+def _conformance(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from compiler.plugins import env_for, load_plugins
+
+    from .conformance import case_names, run_in_worker
+    from .worker import Worker
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    names = args.case or case_names(args.ops, sample=args.sample)
+    if not names:
+        raise UsageError(f"--ops {args.ops!r} matches no operator of the ONNX node tests")
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(f"fuseguard conformance: {len(names)} case(s), fused and unfused, against the expected outputs "
+                  f"and ONNX Runtime")
+    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+        report = run_in_worker(names, options=options, timeout=args.timeout, worker=worker,
+                               progress=lambda n: print(f"  {n}/{len(names)} cases", file=sys.stderr, flush=True))
+    console.print(report.render())
+    console.print(report.summary())
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, report.to_dict())
+    return EXIT_OK if report else EXIT_MISMATCH
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -499,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
-               "tune": _tune,
+               "tune": _tune, "conformance": _conformance,
                "bisect": run_bisect}[args.command]
     try:
         return handler(args)

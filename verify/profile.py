@@ -35,6 +35,7 @@ class SiteTime:
     flops: int
     reason: str = ""
     key: str = ""
+    predicted_us: float = 0.0
 
 
 @dataclass
@@ -51,6 +52,12 @@ class GroupProfile:
     flops: int
     reason: str
     key: str = ""
+    predicted_us: float = 0.0        # the cost model's predicted saving for this group
+
+    @property
+    def saving_us(self) -> float:
+        """Measured saving: unfused parts minus fused (negative: fusing lost time)."""
+        return self.parts_us - self.fused_us
 
     @property
     def speedup(self) -> float:
@@ -198,7 +205,8 @@ def time_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], *, repeats:
 
 def _sites(compiled: Any, times: Sequence[float]) -> list[SiteTime]:
     return [SiteTime(kernel=s["kernel"], pattern=s["pattern"], nodes=list(s["nodes"]), us=t, bytes=s["bytes"],
-                     flops=s["flops"], reason=s.get("reason", ""), key=s.get("key", ""))
+                     flops=s["flops"], reason=s.get("reason", ""), key=s.get("key", ""),
+                     predicted_us=s.get("predicted_us", 0.0))
             for s, t in zip(compiled.report.call_sites, times)]
 
 
@@ -218,7 +226,8 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[
             parts_us[i] += site.us
             parts_n[i] += 1
     return [GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=f.us, parts_us=parts_us[i],
-                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason, key=f.key)
+                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason, key=f.key,
+                         predicted_us=f.predicted_us)
             for i, f in enumerate(fused)]
 
 

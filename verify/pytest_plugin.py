@@ -38,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gate-config", default=None, metavar="FILE.json",
                     help='per-model gate overrides, e.g. {"resnet50": {"factor": 1.2}} '
                          "(default: gate.json in the baseline directory, when present)")
+    group.addoption("--conformance-full", action="store_true", default=False,
+                    help="run all 1884 ONNX node conformance cases (default: one case per operator)")
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 

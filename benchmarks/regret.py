@@ -1,0 +1,57 @@
+"""Is the cost model right? Per fused pattern group: predicted saving vs measured saving, and regret.
+
+    python benchmarks/regret.py bert_encoder resnet50 llama_tiny ... [--repeats 20] [--db FILE|'']
+
+For every pattern group of each model's fused build, `verify.profile` times the fused kernel and the
+unfused kernels of the same ONNX nodes. Printed per model: Spearman rank correlation of predicted vs
+measured saving, fused groups slower than their parts (by > 5%), and regret: the time lost against the
+better choice per group (a fused group measured slower than its parts costs the difference), summed, in
+us and as a share of the model's fused time. Regret covers the groups the model chose to fuse; a match it
+refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
+database (written by `fuseguard tune`) to see the effect of measured decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scipy import stats  # noqa: E402
+
+from compiler.pipeline import CompileOptions  # noqa: E402
+from verify.core import resolve_model_arg  # noqa: E402
+from verify.profile import profile_model  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--db", default="", help="decision database ('' = estimate only)")
+    args = p.parse_args(argv)
+    print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
+          f"{'fused ms':>9s} {'unfused ms':>10s}")
+    for name in args.models:
+        result = profile_model(resolve_model_arg(name), options=CompileOptions(decision_db=args.db),
+                               repeats=args.repeats)
+        groups = [g for g in result.groups if g.pattern not in ("generic", "single op") and g.parts]
+        predicted = [g.predicted_us for g in groups]
+        measured = [g.saving_us for g in groups]
+        rho = stats.spearmanr(predicted, measured).statistic if len(groups) >= 3 else float("nan")
+        regret = sum(max(0.0, -g.saving_us) for g in groups)
+        slower = len([g for g in groups if g.fused_us > g.parts_us * 1.05])
+        total = result.fused_total_us
+        print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
+              f"{total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
+        for g in sorted(groups, key=lambda g: g.saving_us)[:3]:
+            if g.saving_us < 0:
+                print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
+                      f"({g.kernel[:50]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
