@@ -468,6 +468,17 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
                 f"attention output")
     q = match.annotated["q"]
     head_dim = int(q.ty.shape.values[-1])
+    dtype = str(q.ty.dtype)
+    if dtype not in ("float32", "float16"):
+        return f"{dtype} attention: the tiled kernel is written for float32 and float16"
+    v = match.annotated["v"]
+    try:
+        v_dims = [int(d) for d in v.ty.shape.values]
+    except (TypeError, AttributeError):
+        return "V of symbolic shape"
+    if len(v_dims) < 2 or v_dims[-1] != head_dim or v_dims[-2] != shape[3]:
+        return (f"V of shape {v_dims}: the tiled kernel needs V's head size equal to Q's ({head_dim}) and one "
+                f"value row per key")
     try:
         from .kernels.attention import choose_tiles
     except ImportError:

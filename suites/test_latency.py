@@ -16,3 +16,17 @@ from suites.latency_set import LATENCY_SET, latency_spec
 def test_latency_against_baseline(name: str, latency_gate) -> None:
     result = latency_gate(latency_spec(name))
     assert not result.regressed, result.line()
+
+
+#: Fusion must pay on every machine: fused against unfused in the same run (no stored baseline), on a
+#: convnet, a transformer block and the real exports where fusion once lost (AlexNet's classifier).
+PAYS_SET = ("alexnet", "squeezenet", "bert_encoder", "mlp_gelu", "gpt2_tiny", "llama_tiny")
+
+
+@pytest.mark.parametrize("name", PAYS_SET)
+def test_fusion_pays(name: str, fusion_pays) -> None:
+    from verify.core import resolve_model_arg
+
+    spec = latency_spec(name) if name in LATENCY_SET else resolve_model_arg(name)
+    result = fusion_pays(spec)
+    assert result.passed, result.line()

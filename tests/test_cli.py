@@ -110,3 +110,24 @@ def test_bench_json_has_the_documented_keys(tmp_path: Path) -> None:
     for key in ("tvm_fused_ms", "tvm_unfused_ms", "ort_ms", "ort_noopt_ms", "compile_s"):
         assert entry[key] > 0, key
     assert "fused / ORT" in proc.stdout
+
+
+def test_bench_samples_fresh_processes_and_reports_intervals(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(out.read_text()).values()
+    assert entry["processes"] == 2
+    assert all(len(v) == 2 for v in entry["per_process_ms"].values())
+    lo, hi = entry["fused_vs_ort_ci"]
+    assert lo <= entry["fused_vs_ort"] <= hi
+    assert "95% CI" in proc.stdout
+
+
+def test_ratio_interval_from_processes_and_from_one_process() -> None:
+    from verify.bench import ratio_interval
+
+    est, (lo, hi) = ratio_interval([1.0, 1.1, 0.9, 1.05])
+    assert lo < est < hi and 0.9 < est < 1.1
+    est1, (lo1, hi1) = ratio_interval([2.0], ([2.0, 2.1, 1.9, 2.0], [1.0, 1.0, 1.0, 1.0]))
+    assert lo1 <= est1 <= hi1 and est1 == 2.0

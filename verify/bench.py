@@ -1,8 +1,14 @@
-"""`fuseguard bench`: TVM fused, TVM unfused, ONNX Runtime (all graph optimisations / none), one run.
+"""`fuseguard bench`: TVM fused, TVM unfused, ONNX Runtime (all graph optimisations / none).
 
-A benchmark, not a test: it prints figures and ratios measured in the same process, interleaved
-(A B B A ...) so that load from the neighbours of a shared machine hits every contender alike, with
-the same thread count everywhere.
+A benchmark, not a test: it prints figures and ratios, each contender measured interleaved with the others
+(A B B A ...) so that load from the neighbours of a shared machine hits every contender alike, with the
+same thread count everywhere.
+
+Across processes (`--processes N`, docs/measurement.md): both builds are compiled once and exported
+(`export_library`); N fresh timing processes each load them, time all four contenders interleaved and
+return their medians. Each ratio is the geometric mean of the per-process ratios with a 95% t-interval
+on their logarithms, so the interval includes the between-process variance (per-process speed modes);
+with one process it is a bootstrap over that process's rounds and says so.
 """
 
 from __future__ import annotations
@@ -36,14 +42,23 @@ class BenchResult:
     samples: int
     kernels_fused: int
     kernels_unfused: int
+    processes: int = 1
+    #: 95% intervals of fused/ORT and unfused/fused (see the module docstring), and the between-process
+    #: spread of the fused build's per-process medians ((max - min) / median; 0 with one process)
+    fused_vs_ort_ci: tuple[float, float] | None = None
+    fusion_gain_ci: tuple[float, float] | None = None
+    between_process_spread: float = 0.0
+    per_process_ms: dict[str, list[float]] | None = None
+    fused_vs_ort_est: float | None = None
+    fusion_gain_est: float | None = None
 
     @property
     def fused_vs_ort(self) -> float:
-        return self.tvm_fused_ms / self.ort_ms
+        return self.fused_vs_ort_est if self.fused_vs_ort_est is not None else self.tvm_fused_ms / self.ort_ms
 
     @property
     def fusion_gain(self) -> float:
-        return self.tvm_unfused_ms / self.tvm_fused_ms
+        return self.fusion_gain_est if self.fusion_gain_est is not None else self.tvm_unfused_ms / self.tvm_fused_ms
 
     @property
     def ort_fusion_gain(self) -> float:
@@ -94,15 +109,121 @@ def bench_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = Non
                        kernels_fused=fused.report.kernels, kernels_unfused=unfused.report.kernels)
 
 
+# ----------------------------------------------------------------------------- across processes
+
+def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                  options: CompileOptions = CompileOptions(), seed: int = 0, name: str | None = None) -> dict:
+    """Compile fused and unfused once and export them, with the model and inputs, into `directory`."""
+    import json
+    from pathlib import Path
+
+    from .core import SuiteSpec
+
+    load_env_plugins()
+    if isinstance(source, SuiteSpec):
+        name = name or source.label
+        source = source.build()
+    loaded = load(source, shapes, name=name)
+    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"model": loaded.name}
+    for label, opts in (("fused", options), ("unfused", options.unfused())):
+        compiled = compile_model(loaded, options=opts)
+        compiled.executable.export_library(str(out / f"{label}.so"))
+        meta[label] = {"input_names": compiled.input_names, "compile_s": compiled.compile_s,
+                       "kernels": compiled.report.kernels}
+    (out / "model.onnx").write_bytes(loaded.model.SerializeToString())
+    np.savez(out / "inputs.npz", **inputs)
+    (out / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
+                  contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt")) -> dict[str, list[float]]:
+    """In a fresh process: load the exported builds, time the contenders interleaved; usable samples."""
+    import json
+    from pathlib import Path
+
+    import onnx
+    import tvm
+    from tvm import relax
+
+    d = Path(directory)
+    meta = json.loads((d / "meta.json").read_text())
+    with np.load(d / "inputs.npz") as z:
+        inputs = {k: z[k] for k in z.files}
+    fns = {}
+    for label in ("fused", "unfused"):
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(d / f"{label}.so")), tvm.cpu())
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in meta[label]["input_names"]]
+        main = vm["main"]
+        fns[f"tvm_{label}"] = (lambda main=main, args=args: main(*args))
+    model = onnx.load(str(d / "model.onnx"))
+    ort_all, ort_none = _ort_session(model, threads, True), _ort_session(model, threads, False)
+    feed = {i.name: inputs[i.name] for i in ort_all.get_inputs()}
+    fns["ort"] = lambda: ort_all.run(None, feed)
+    fns["ort_noopt"] = lambda: ort_none.run(None, feed)
+    samples = measure_interleaved({k: fns[k] for k in contenders}, warmup=warmup, repeats=repeats, threads=threads)
+    return {k: [float(v) for v in s.usable_ms] for k, s in samples.items()}
+
+
+def ratio_interval(per_process: Sequence[float], rounds: tuple[Sequence[float], Sequence[float]] | None = None,
+                   confidence: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """Estimate and interval of a ratio: geometric mean of per-process ratios with a t-interval on their
+    logs (>= 2 processes); with one process, a bootstrap of the ratio of medians over its rounds."""
+    from scipy import stats
+
+    r = np.log(np.asarray(per_process, dtype=float))
+    if len(r) >= 2:
+        mean, sem = float(r.mean()), float(r.std(ddof=1) / np.sqrt(len(r)))
+        half = float(stats.t.ppf(0.5 + confidence / 2, len(r) - 1)) * sem
+        return float(np.exp(mean)), (float(np.exp(mean - half)), float(np.exp(mean + half)))
+    num, den = (np.asarray(x, dtype=float) for x in rounds)  # type: ignore[misc]
+    n = min(len(num), len(den))
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, n, size=(2000, n))
+    boot = np.median(num[:n][idx], axis=1) / np.median(den[:n][idx], axis=1)
+    lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return float(np.exp(r[0])), (float(lo), float(hi))
+
+
+def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int) -> BenchResult:
+    """One BenchResult from the timing processes' samples (module docstring)."""
+    med = {k: [float(np.median(run[k])) for run in runs] for k in runs[0]}
+    overall = {k: float(np.median(v)) for k, v in med.items()}
+    fused_ort = [f / o for f, o in zip(med["tvm_fused"], med["ort"])]
+    gain = [u / f for u, f in zip(med["tvm_unfused"], med["tvm_fused"])]
+    one = len(runs) == 1
+    fo, fo_ci = ratio_interval(fused_ort, (runs[0]["tvm_fused"], runs[0]["ort"]) if one else None)
+    fg, fg_ci = ratio_interval(gain, (runs[0]["tvm_unfused"], runs[0]["tvm_fused"]) if one else None)
+    fused = med["tvm_fused"]
+    spread = (max(fused) - min(fused)) / overall["tvm_fused"] if len(fused) > 1 else 0.0
+    q1, q3 = np.percentile(runs[0]["tvm_fused"], [25, 75])
+    return BenchResult(model=meta["model"], threads=threads, tvm_fused_ms=overall["tvm_fused"],
+                       tvm_unfused_ms=overall["tvm_unfused"], ort_ms=overall["ort"], ort_noopt_ms=overall["ort_noopt"],
+                       compile_s=meta["fused"]["compile_s"], unfused_compile_s=meta["unfused"]["compile_s"],
+                       fused_iqr_ms=float(q3 - q1), samples=sum(len(r["tvm_fused"]) for r in runs),
+                       kernels_fused=meta["fused"]["kernels"], kernels_unfused=meta["unfused"]["kernels"],
+                       processes=len(runs), fused_vs_ort_ci=fo_ci, fusion_gain_ci=fg_ci,
+                       between_process_spread=float(spread), per_process_ms=med, fused_vs_ort_est=fo,
+                       fusion_gain_est=fg)
+
+
+def _ci(value: float, ci: tuple[float, float] | None) -> str:
+    return f"{value:.2f}x" if ci is None else f"{value:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
 def render(results: Sequence[BenchResult], title: str):
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("model", "TVM fused ms", "TVM unfused ms", "ORT ms", "ORT no-opt ms", "fused / ORT",
-                "unfused / fused", "ORT no-opt / ORT", "compile s", "kernels f/u"):
+    for col in ("model", "TVM fused ms", "TVM unfused ms", "ORT ms", "ORT no-opt ms", "fused / ORT [95% CI]",
+                "unfused / fused [95% CI]", "ORT no-opt / ORT", "between-process spread", "compile s", "kernels f/u"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in results:
         table.add_row(r.model, f"{r.tvm_fused_ms:.2f}", f"{r.tvm_unfused_ms:.2f}", f"{r.ort_ms:.2f}",
-                      f"{r.ort_noopt_ms:.2f}", f"{r.fused_vs_ort:.2f}x", f"{r.fusion_gain:.2f}x",
-                      f"{r.ort_fusion_gain:.2f}x", f"{r.compile_s:.1f}", f"{r.kernels_fused}/{r.kernels_unfused}")
+                      f"{r.ort_noopt_ms:.2f}", _ci(r.fused_vs_ort, r.fused_vs_ort_ci), _ci(r.fusion_gain, r.fusion_gain_ci),
+                      f"{r.ort_fusion_gain:.2f}x", f"{100 * r.between_process_spread:.1f}%" if r.processes > 1 else "-",
+                      f"{r.compile_s:.1f}", f"{r.kernels_fused}/{r.kernels_unfused}")
     return table

@@ -62,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
     _add_build_options(b)
     b.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
-    b.add_argument("--repeats", type=int, default=7, help="timed runs per contender after warm-up (default 7)")
+    b.add_argument("--repeats", type=int, default=7, help="timed runs per contender and process after warm-up "
+                                                         "(default 7)")
+    b.add_argument("--processes", type=int, default=3, metavar="N",
+                   help="fresh timing processes, each loading the exported builds (default 3; ratios get a "
+                        "95%% interval over them)")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
 
@@ -321,13 +325,26 @@ def _bench(args: argparse.Namespace) -> int:
     env = {**env_for(args.plugin), **timing_env(threads)}
     console = Console(width=None if sys.stdout.isatty() else 160)
     results, worst = [], EXIT_OK
-    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for source in _sources(args):
+    import tempfile
+
+    from .bench import aggregate
+
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker, \
+            tempfile.TemporaryDirectory(prefix="fuseguard-bench-") as tmp:
+        for i, source in enumerate(_sources(args)):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
+            directory = str(Path(tmp) / str(i))
             try:
-                result = worker.call("verify.bench:bench_model", what=f"benchmarking {label}", timeout=args.timeout,
-                                     source=source, shapes=shapes if not isinstance(source, SuiteSpec) else None,
-                                     options=options, threads=threads, repeats=args.repeats)
+                meta = worker.call("verify.bench:prepare_bench", what=f"compiling {label} for bench",
+                                   timeout=args.timeout, source=source, directory=directory,
+                                   shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
+                runs = []
+                for p in range(args.processes):     # fresh processes: per-process speed modes show
+                    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
+                        runs.append(timer.call("verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
+                                               timeout=args.timeout, directory=directory, threads=threads,
+                                               repeats=args.repeats))
+                result = aggregate(meta, runs, threads)
             except FuseguardError as err:
                 print(f"fuseguard: error: {err}", file=sys.stderr)
                 worst = max(worst, err.exit_code)
@@ -339,7 +356,8 @@ def _bench(args: argparse.Namespace) -> int:
             results.append(result)
             console.print(f"{result.model}: fused {result.tvm_fused_ms:.2f} ms, ORT {result.ort_ms:.2f} ms "
                           f"({result.fused_vs_ort:.2f}x)")
-    console.print(render(results, f"fuseguard bench ({threads} threads, median of >= {args.repeats} after warm-up; "
+    console.print(render(results, f"fuseguard bench ({threads} threads, {args.processes} fresh process(es) x "
+                                  f">= {args.repeats} interleaved rounds after warm-up; "
                                   f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
     if args.json:
         from .atomic import atomic_write_json

@@ -156,6 +156,39 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
     return run
 
 
+@pytest.fixture(scope="session")
+def fusion_pays(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any, gpu_arch: str | None):
+    """check(source) -> PaysResult: fused vs unfused of the same model, same run, fresh processes; fails the
+    test when fusion makes the model slower beyond 5% (verify/pays.py). Needs no stored baseline."""
+    from compiler.plugins import env_for
+    from compiler.target import cuda_device_present, host_cores
+
+    from .pays import check_fusion_pays
+    from .timing import timing_env
+    from .worker import WorkerFailure
+
+    cfg = request.config
+    threads = host_cores()
+    env = {**env_for(cfg.getoption("--fuseguard-plugin") or []), **timing_env(threads)}
+
+    def run(source: Any):
+        if gpu_arch and not cuda_device_present():
+            pytest.skip(f"no CUDA device: fused vs unfused latency on {gpu_arch} needs a GPU")
+        if not compile_options.fusion:
+            pytest.skip("--no-fusion: there is no fused build to compare")
+        try:
+            result = check_fusion_pays(fuseguard_worker, source, options=compile_options, threads=threads, env=env,
+                                       timeout=cfg.getoption("--fuseguard-timeout"))
+        except WorkerFailure as err:
+            pytest.fail(str(err), pytrace=False)
+        print(result.line())
+        if not result:
+            pytest.fail(f"fusion makes it slower: {result.line()}", pytrace=False)
+        return result
+
+    return run
+
+
 def skip_without_cuda_run(verdict: Any) -> None:
     """Compiled for a GPU on a machine without one: the compile was checked, the run is skipped."""
     from .core import NO_CUDA_DEVICE
