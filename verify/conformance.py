@@ -182,9 +182,10 @@ def compare(actual: Sequence[np.ndarray], expected: Sequence[Any]) -> BuildOutco
         if a.shape != e.shape:
             return BuildOutcome("wrong", f"output {i}: shape {a.shape}, expected {e.shape}")
         kinds = {a.dtype.kind, e.dtype.kind}
-        if a.dtype.kind != e.dtype.kind and not kinds <= {"i", "u"}:
+        if _is_float(e.dtype) != _is_float(a.dtype) or \
+                (not _is_float(e.dtype) and a.dtype.kind != e.dtype.kind and not kinds <= {"i", "u"}):
             return BuildOutcome("wrong", f"output {i}: dtype {a.dtype}, expected {e.dtype}")
-        if e.dtype.kind in "fc":
+        if _is_float(e.dtype):
             a64, e64 = a.astype(np.float64), e.astype(np.float64)
             if not np.array_equal(np.isnan(a64), np.isnan(e64)):
                 return BuildOutcome("wrong", f"output {i}: NaN where none is expected (or the reverse)")
@@ -211,8 +212,20 @@ def _classify(err: BaseException) -> BuildOutcome:
 
 
 def _tensors(values: Sequence[Any]) -> list[Any]:
-    """numpy scalars (the generator's 0-d values) as 0-d arrays; sequences and maps stay what they are."""
-    return [np.asarray(v) if isinstance(v, np.generic) else v for v in values]
+    """numpy scalars (the generator's 0-d values) as 0-d arrays, TensorProtos (dtypes numpy lacks: bfloat16,
+    float8, int4, ...) as ml_dtypes arrays; sequences and maps stay what they are."""
+    from onnx import TensorProto, numpy_helper
+
+    out = []
+    for v in values:
+        if isinstance(v, TensorProto):
+            v = numpy_helper.to_array(v)
+        out.append(np.asarray(v) if isinstance(v, np.generic) else v)
+    return out
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat16", "float8", "float4"))
 
 
 def _freeze(model: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
