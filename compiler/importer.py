@@ -24,6 +24,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
+from .passes import static_dims
 from .op_support import check_supported, supported_ops  # noqa: F401  (re-exported)
 
 _TAG = re.compile(r"^n(\d+(?:\+\d+)*)(?:_|$)")
@@ -98,22 +99,12 @@ class FrontendError(ModelError):
     """TVM's ONNX frontend failed on a model that onnx.checker accepts; names the node when known."""
 
 
-def _static_dims(expr: relax.Expr) -> list[int] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return [int(d) for d in ty.shape.values]
-    except (TypeError, AttributeError):
-        return None
-
-
 def _layer_norm_with_stats(inputs: list, attrs: dict) -> relax.Expr | None:
     """LayerNormalization with its Mean and InvStdDev outputs, shaped as ONNX says (the reduced axes kept
     as 1s); the stock converter returns two scalar placeholders for them."""
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    dims = _static_dims(x)
+    dims = static_dims(x)
     if dims is None or str(x.ty.dtype) != "float32":
         return None
     axis = int(attrs.get("axis", -1)) % len(dims)
@@ -133,7 +124,7 @@ def _expand_static(inputs: list) -> relax.Expr | None:
     """Expand with a constant target shape: ONNX broadcasts both ways (data (3, 1) to shape (2, 1, 6) is
     (2, 3, 6)); the stock converter keeps the target's 1s (measured: (2, 1, 6))."""
     data, shape = inputs
-    dims = _static_dims(data)
+    dims = static_dims(data)
     if dims is None:
         return None
     if isinstance(shape, relax.ShapeExpr):

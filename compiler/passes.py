@@ -87,8 +87,9 @@ def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRMo
 
 # ------------------------------------------------------------------------ normalising exporter forms
 
-def _static(expr: relax.Expr) -> list[int] | None:
-    ty = expr.ty
+def static_dims(expr: relax.Expr) -> list[int] | None:
+    """An expression's static tensor shape, or None (not a tensor, unknown rank or a symbolic dim)."""
+    ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     try:
@@ -115,15 +116,15 @@ def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) ->
     out_plain = is_op("relax.reshape")(mm, wildcard())
 
     def rewrite(expr: relax.Expr, m: dict) -> relax.Expr:
-        src, res = _static(m[x]), _static(expr)
-        w = _static(m[weight])
+        src, res = static_dims(m[x]), static_dims(expr)
+        w = static_dims(m[weight])
         if src is None or res is None or w is None or len(w) != 2 or len(src) < 3:
             return expr
         if res[:-1] != src[:-1] or src[-1] != w[0] or res[-1] != w[1]:
             return expr
         out = relax.op.matmul(m[x], m[weight])
         if bias in m:
-            b = _static(m[bias])
+            b = static_dims(m[bias])
             if b is None or (b and b[:-1] and any(d != 1 for d in b[:-1])):
                 return expr
             out = relax.op.add(out, m[bias])

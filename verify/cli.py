@@ -7,10 +7,9 @@ Errors are one line on stderr; `--debug` adds the traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,7 +369,6 @@ def _baseline(args: argparse.Namespace) -> int:
     from compiler.plugins import env_for, load_plugins
 
     from .baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
-    from .core import SuiteSpec
     from .latency import BASELINE_DIR, baseline_path, gate_model
     from .worker import Worker, WorkerFailure
 
@@ -429,42 +427,52 @@ def _baseline(args: argparse.Namespace) -> int:
     return worst
 
 
+def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
+                **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """Run `task` in `worker` for every MODEL argument; yield (source, result) for the ones that ran and
+    report the others in one line each (the exit code lands in `args.worst`)."""
+    from compiler.onnx_loader import parse_shape_spec
+
+    from .core import SuiteSpec
+    from .worker import WorkerFailure, WorkerTaskError
+
+    shapes = dict(parse_shape_spec(s) for s in getattr(args, "shape", []))
+    for source in _sources(args):
+        label = source.label if isinstance(source, SuiteSpec) else str(source)
+        try:
+            result = worker.call(task, what=f"{verb} {label}", timeout=args.timeout, source=source,
+                                 shapes=shapes if not isinstance(source, SuiteSpec) else None, **kwargs)
+        except FuseguardError as err:
+            print(f"fuseguard: error: {err}", file=sys.stderr)
+            args.worst = max(args.worst, err.exit_code)
+            continue
+        except (WorkerFailure, WorkerTaskError) as err:
+            print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+            args.worst = max(args.worst, EXIT_MISMATCH)
+            continue
+        yield source, result
+
+
 def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from compiler.onnx_loader import parse_shape_spec
     from compiler.plugins import env_for, load_plugins
     from compiler.target import host_cores
 
-    from .core import SuiteSpec
     from .timing import timing_env
-    from .worker import Worker, WorkerFailure, WorkerTaskError
+    from .worker import Worker
 
     load_plugins(args.plugin)
     options = _options(args)
     if options.gpu_arch:
         raise UsageError("fuseguard profile times the host CPU")
     threads = args.threads or host_cores()
-    shapes = dict(parse_shape_spec(s) for s in args.shape)
     console = Console(width=None if sys.stdout.isatty() else 200)
-    results, worst = [], EXIT_OK
+    results, args.worst = [], EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for source in _sources(args):
-            label = source.label if isinstance(source, SuiteSpec) else str(source)
-            try:
-                result = worker.call("verify.profile:profile_model", what=f"profiling {label}",
-                                     timeout=args.timeout, source=source,
-                                     shapes=shapes if not isinstance(source, SuiteSpec) else None,
-                                     options=options, threads=threads, repeats=args.repeats)
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
-                continue
+        for _, result in _each_model(args, worker, "verify.profile:profile_model", "profiling", options=options,
+                                     threads=threads, repeats=args.repeats):
             results.append(result)
             console.print(result.render(max_rows=args.rows))
             slower = result.slower_groups()
@@ -475,43 +483,28 @@ def _profile(args: argparse.Namespace) -> int:
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
-    return worst
+    return args.worst
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from compiler.onnx_loader import parse_shape_spec
     from compiler.plugins import env_for, load_plugins
     from compiler.target import host_cores
 
-    from .core import SuiteSpec
     from .timing import timing_env
-    from .worker import Worker, WorkerFailure, WorkerTaskError
+    from .worker import Worker
 
     load_plugins(args.plugin)
     options = _options(args)
     if options.gpu_arch:
         raise UsageError("fuseguard tune measures on the host CPU")
     threads = args.threads or host_cores()
-    shapes = dict(parse_shape_spec(s) for s in args.shape)
-    worst = EXIT_OK
+    args.worst = EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for source in _sources(args):
-            label = source.label if isinstance(source, SuiteSpec) else str(source)
-            try:
-                result = worker.call("verify.tune:tune_model", what=f"tuning {label}", timeout=args.timeout,
-                                     source=source, shapes=shapes if not isinstance(source, SuiteSpec) else None,
-                                     options=options, threads=threads, repeats=args.repeats, db=args.decision_db)
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
-                continue
+        for _, result in _each_model(args, worker, "verify.tune:tune_model", "tuning", options=options,
+                                     threads=threads, repeats=args.repeats, db=args.decision_db):
             print(result.render())
-    return worst
+    return args.worst
 
 
 def _conformance(args: argparse.Namespace) -> int:
