@@ -21,6 +21,7 @@ from tvm import relax, s_tir, tirx
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
 from .cpu_conv import conv_tiles, match_conv2d, schedule_conv2d
+from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
 from .cpu_matmul import choose_tiles, match_matmul, schedule_matmul
 from .packing import pack_array
@@ -176,7 +177,13 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
+        res = _try_depthwise(func, host, threads)
+        if res is not None:
+            return res
         res = _try_conv(func, host, opts, threads, sites)
+        if res is not None:
+            return res
+        res = _try_depthwise(func, host, threads, any_conv=True)
         if res is not None:
             return res
     if opts.reduction and has_red:
@@ -227,6 +234,20 @@ def _try_matmul(
             rule = "matmul+packed" if attempt_pack else "matmul"
             return sch.mod["main"], rule, (pack if attempt_pack else None)
     return None
+
+
+def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int,
+                   any_conv: bool = False) -> tuple[tirx.PrimFunc, str, None] | None:
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_depthwise(sch, b, any_conv=any_conv) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1:
+        return None
+    try:
+        ok = schedule_depthwise(sch, infos[0], host, num_threads=threads)
+    except Exception:  # noqa: BLE001 - a form the rule does not take: the dense conv rule gets a fresh copy
+        ok = False
+    rule = "depthwise-conv2d" if infos[0].depthwise else "conv2d-row"
+    return (sch.mod["main"], rule, None) if ok else None
 
 
 def _try_conv(
