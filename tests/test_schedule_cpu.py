@@ -91,8 +91,22 @@ def test_bert_layer_batched_matmul_softmax_layernorm(target: tvm.target.Target) 
 )
 def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
     report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
-    assert any(r.startswith("conv2d") for r in report.scheduled.values()), report.summary()
+    wanted = "depthwise-conv2d" if kwargs.get("group") == kwargs["c"] else "conv2d"
+    assert any(r.startswith(wanted) for r in report.scheduled.values()), report.summary()
     assert not report.left_alone
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(c=32, hw=28, oc=32, k=3, group=32),
+    dict(c=96, hw=56, oc=96, k=3, group=96, stride=2),
+    dict(c=24, hw=7, oc=24, k=5, group=24),          # 5x5 taps (EfficientNet), a 7-wide row
+    dict(c=58, hw=28, oc=58, k=1),                   # ShuffleNet: 58 channels, no 4-multiple divides them
+])
+def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.target.Target, kwargs: dict) -> None:
+    report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
+    rules = set(report.scheduled.values())
+    assert rules & {"depthwise-conv2d", "conv2d-row", "conv2d+packed", "conv2d"}, report.summary()
+    assert not rules & {"row-reduction", "reduction"}, report.summary()
 
 
 @pytest.mark.parametrize(
@@ -111,7 +125,8 @@ def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
 )
 def test_conv_tile_search(target: tvm.target.Target, kwargs: dict) -> None:
     report, _ = _check(workloads.conv_bn_relu(**kwargs), target, options=CpuScheduleOptions(conv_tile_search=True))
-    assert any(r.startswith("conv2d") for r in report.scheduled.values()), report.summary()
+    wanted = "depthwise-conv2d" if kwargs.get("group") == kwargs["c"] else "conv2d"
+    assert any(r.startswith(wanted) for r in report.scheduled.values()), report.summary()
     assert not report.left_alone
 
 
