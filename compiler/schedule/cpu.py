@@ -25,7 +25,7 @@ from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
 from .cpu_matmul import choose_tiles, match_matmul, schedule_matmul
 from .packing import pack_array
-from .tir_analysis import is_reduction, is_spatial, root_blocks
+from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
 
 SCHEDULE_ATTR = "fuseguard.cpu_schedule"
 # Functions doing less work than this (summed block iteration counts) run single-threaded: a parallel
@@ -188,6 +188,9 @@ def _schedule_one(
             return res
     if opts.reduction and has_red:
         sch = schedule_row_reduction(func, target)
+        if sch is not None and _recomputes(func, sch.mod["main"]):
+            sch = None      # dlight's rule nested a [1, 1000] softmax's reductions under the 1000 columns:
+                            # O(n^2), 1.7 ms for 1000 values (shufflenet's final softmax)
         if sch is not None and _annotated_parallel(sch.mod["main"]):
             out = sch.mod["main"] if threads > 1 else _serialise(sch.mod["main"])
             return out, "row-reduction", None
@@ -205,6 +208,12 @@ def _schedule_one(
         except Exception:  # noqa: BLE001
             pass
     return None
+
+
+def _recomputes(before: tirx.PrimFunc, after: tirx.PrimFunc, slack: float = 1.5) -> bool:
+    """Does the schedule run noticeably more block instances than the function computes?"""
+    a, b = executed_block_instances(before), executed_block_instances(after)
+    return a is not None and b is not None and b > slack * a
 
 
 def _try_matmul(
@@ -246,7 +255,7 @@ def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int,
         ok = schedule_depthwise(sch, infos[0], host, num_threads=threads)
     except Exception:  # noqa: BLE001 - a form the rule does not take: the dense conv rule gets a fresh copy
         ok = False
-    rule = "depthwise-conv2d" if infos[0].depthwise else "conv2d-row"
+    rule = "depthwise-conv2d" if infos[0].depthwise else ("conv2d-row" if any_conv else "grouped-conv2d")
     return (sch.mod["main"], rule, None) if ok else None
 
 

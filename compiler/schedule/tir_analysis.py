@@ -138,3 +138,28 @@ def try_inline_all(sch: s_tir.Schedule, keep: Iterable[SBlockRV] = ()) -> list[S
             except Exception:  # noqa: BLE001 - ScheduleError or an FFI error: not inlinable
                 pass
     return root_blocks(sch)
+
+
+def executed_block_instances(func: tirx.PrimFunc) -> int | None:
+    """How many block instances a PrimFunc executes (loop extents multiplied down to each block); None when
+    an extent is symbolic. Equal to the iteration domain for a schedule that computes each value once;
+    larger when a schedule recomputes a producer inside a consumer loop."""
+    total = 0
+
+    def visit(stmt: object, mult: int) -> bool:
+        nonlocal total
+        if isinstance(stmt, tirx.For):
+            ext = int_or_none(stmt.extent)
+            return ext is not None and visit(stmt.body, mult * ext)
+        if isinstance(stmt, s_tir.SBlockRealize):
+            if stmt.block.iter_vars:
+                total += mult
+            return visit(stmt.block.body, mult)
+        if isinstance(stmt, tirx.SeqStmt):
+            return all(visit(s, mult) for s in stmt.seq)
+        if isinstance(stmt, tirx.IfThenElse):
+            return visit(stmt.then_case, mult) and (stmt.else_case is None or visit(stmt.else_case, mult))
+        body = getattr(stmt, "body", None)
+        return visit(body, mult) if body is not None else True
+
+    return total if visit(func.body, 1) else None
