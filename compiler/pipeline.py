@@ -30,6 +30,7 @@ The unfused build is the same pipeline with steps 5 and 7 off: the fallback user
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,9 @@ from .target import TargetSpec, resolve
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
 #: Pipeline stages whose failure on a directly imported model is retried through the ONNX Runtime fold
 #: step: they run before anything of fuseguard's, so a failure there is about the imported graph's form.
+#: How often lowering is retried after FuseOpsByPattern reports a cycle between two matches.
+MAX_CYCLE_RETRIES = 8
+_CYCLE = re.compile(r"cyclic dependency detected between the groups (\S+) and (\S+) are in")
 EARLY_STAGES = frozenset({"fold_constant", "normalize", "bn_folding", "decompose", "dce", "legalize"})
 
 PassLike = Callable[[tvm.IRModule], tvm.IRModule]
@@ -271,12 +275,32 @@ def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name:
     than its unfused parts (measured: 100x for a merged attention on CPU). Such groups are vetoed with
     that reason and the module is lowered once more: the scheduler has the last word on a fusion.
     """
-    lowered, rep, unscheduled = _lower(mod, spec, options, name=name, provenance=provenance, vetoed={})
+    vetoed: dict[tuple[str, tuple[str, ...]], str] = {}
+    for _ in range(MAX_CYCLE_RETRIES):
+        try:
+            lowered, rep, unscheduled = _lower(mod, spec, options, name=name, provenance=provenance, vetoed=vetoed)
+            break
+        except CompileError as err:
+            # Two matches each convex on their own can still depend on each other (A reads B's output
+            # and B reads A's): FuseOpsByPattern stops with "cyclic dependency detected between the
+            # groups X and Y". Refuse the match holding Y and fuse again.
+            found = _CYCLE.search(str(err))
+            if err.stage != "pattern_fusion" or found is None or err.__cause__ is None:
+                raise
+            decision = getattr(err, "decisions", None)
+            culprit = next((d for d in (decision or []) if d.fused and found.group(2) in d.var_names), None)
+            if culprit is None:
+                raise
+            vetoed[(culprit.pattern, tuple(culprit.inputs))] = (
+                f"fused together with the group of '{found.group(1)}' it would form a dependency cycle "
+                f"(each group needs the other's output)")
+    else:
+        raise CompileError(f"{name}: pattern fusion kept forming dependency cycles", stage="pattern_fusion")
     if not unscheduled:
         return lowered, rep
-    vetoed = {(d.pattern, tuple(d.inputs)): f"the fused kernel has no {spec.label} schedule ({why}); "
-                                            f"unfused parts are scheduled and faster"
-              for d, why in unscheduled}
+    vetoed = {**vetoed, **{(d.pattern, tuple(d.inputs)): f"the fused kernel has no {spec.label} schedule ({why}); "
+                                                         f"unfused parts are scheduled and faster"
+                           for d, why in unscheduled}}
     lowered, rep2, _ = _lower(mod, spec, options, name=name, provenance=provenance, vetoed=vetoed)
     rep2.compile_s += rep.compile_s
     return lowered, rep2
@@ -325,8 +349,12 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                 mod = T.DeadCodeElimination(["main"])(mod)
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
         fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed, spec)
-        mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
-                                                          annotate_codegen=False)], mod)
+        try:
+            mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
+                                                              annotate_codegen=False)], mod)
+        except CompileError as err:
+            err.decisions = decisions        # type: ignore[attr-defined]  # for the cycle retry in lower()
+            raise
         links = report.link_decisions(mod, decisions)
         start = time.perf_counter()
         wanted = {gv: patterns.PATTERNS[d.pattern].replacement for gv, d in links.items()

@@ -112,3 +112,22 @@ def test_inference_dropout_is_removed_at_import() -> None:
     assert verdict.status == "PASS"
     mask = verdict.fused.compare["mask"]
     assert mask.dtype == "bool" and mask.passed
+
+
+def test_two_convex_matches_that_depend_on_each_other_are_split() -> None:
+    """Found by the DAG property test in CI: each LayerNorm match is convex, but together each group needs
+    the other's output (FuseOpsByPattern: "cyclic dependency detected between the groups")."""
+    recipe = Recipe("seq", (("add_const", (0,)), ("add_const", (1,)), ("add", (2, 2)), ("layernorm", (2,)),
+                            ("layernorm", (3,))))
+    verdict = verify_model(build_dag(recipe), name="cycle")
+    assert verdict.status == "PASS", verdict.fused.error
+    assert any("dependency cycle" in d["reason"] for d in verdict.fused.report["decisions"])
+
+
+def test_conv_with_a_second_output_is_not_fused() -> None:
+    """Found by the DAG property test in CI: the conv output is also read outside its Conv+Clip group; the
+    conv schedule tiles one output (and its weight packing broke on the second)."""
+    recipe = Recipe("image", (("add_const", (0,)), ("conv", (1,)), ("add_const", (2,)), ("clip", (2,))))
+    verdict = verify_model(build_dag(recipe), name="two_outputs")
+    assert verdict.status == "PASS", verdict.fused.error
+    assert any("second output" in d["reason"] for d in verdict.fused.report["decisions"] if not d["fused"])
