@@ -35,30 +35,16 @@ def convexity_violation(bindings: Mapping[relax.Var, relax.Expr],
     """
     inside = set(bindings)
     inputs = set().union(*(_reads(v) for v in bindings.values())) - inside if bindings else set()
-    frontier = [u for var in inside for u in var_usages.get(var, ()) if u not in inside]
+    # (outside var, the group var the path left from), walked depth-first
+    frontier = [(u, var) for var in inside for u in var_usages.get(var, ()) if u not in inside]
     seen: set[relax.Var] = set()
     while frontier:
-        var = frontier.pop()
+        var, origin = frontier.pop()
         if var in seen:
             continue
         seen.add(var)
         if var in inputs:
-            source = next((v.name for v in inside if _reaches(v, var, var_usages, inside)), "?")
-            return (f"not convex: the group's input '{var.name}' is computed from its own '{source}' "
+            return (f"not convex: the group's input '{var.name}' is computed from its own '{origin.name}' "
                     f"(a path leaves the group and comes back), so the fused call would consume its own output")
-        frontier.extend(u for u in var_usages.get(var, ()) if u not in inside)
+        frontier.extend((u, origin) for u in var_usages.get(var, ()) if u not in inside)
     return None
-
-
-def _reaches(start: relax.Var, goal: relax.Var, var_usages: Mapping[relax.Var, Iterable[relax.Var]],
-             inside: set[relax.Var]) -> bool:
-    stack, seen = [u for u in var_usages.get(start, ()) if u not in inside], set()
-    while stack:
-        var = stack.pop()
-        if var is goal or var == goal:
-            return True
-        if var in seen:
-            continue
-        seen.add(var)
-        stack.extend(u for u in var_usages.get(var, ()) if u not in inside)
-    return False

@@ -52,9 +52,8 @@ def test_one_case_per_operator(fuseguard_worker, compile_options) -> None:
     _check(report)
 
 
-def test_all_cases(request: pytest.FixtureRequest, fuseguard_worker, compile_options) -> None:
-    if not request.config.getoption("--conformance-full"):
-        pytest.skip("the full ONNX node suite runs with --conformance-full (nightly); the sample runs by default")
+@pytest.mark.conformance_full
+def test_all_cases(fuseguard_worker, compile_options) -> None:
     report = run_in_worker(case_names(), options=compile_options, worker=fuseguard_worker)
     print(report.summary())
     _check(report)

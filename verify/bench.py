@@ -13,7 +13,6 @@ with one process it is a bootstrap over that process's rounds and says so.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -75,38 +74,6 @@ def _ort_session(model, threads: int, optimize: bool):
 
     return ort.InferenceSession(model.SerializeToString(), ort_timing_options(threads, optimize=optimize),
                                 providers=["CPUExecutionProvider"])
-
-
-def bench_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                options: CompileOptions = CompileOptions(), threads: int | None = None, repeats: int = 7,
-                warmup: int = 2, seed: int = 0, name: str | None = None) -> BenchResult:
-    """Runs inside a worker whose TVM_NUM_THREADS equals `threads` and whose thread pool does not spin
-    (timing.NO_SPIN_ENV), both set before TVM's pool starts."""
-    from .core import SuiteSpec
-
-    load_env_plugins()
-    if isinstance(source, SuiteSpec):
-        name = name or source.label
-        source = source.build()
-    threads = threads or int(os.environ.get("TVM_NUM_THREADS", "0")) or (os.cpu_count() or 1)
-    loaded = load(source, shapes, name=name)
-    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
-    fused = compile_model(loaded, options=options)
-    unfused = compile_model(loaded, options=options.unfused())
-    ort_all, ort_none = _ort_session(loaded.model, threads, True), _ort_session(loaded.model, threads, False)
-    feed = {i.name: inputs[i.name] for i in ort_all.get_inputs()}
-    samples = measure_interleaved({
-        "tvm_fused": fused.time_fn(inputs),
-        "tvm_unfused": unfused.time_fn(inputs),
-        "ort": lambda: ort_all.run(None, feed),
-        "ort_noopt": lambda: ort_none.run(None, feed),
-    }, warmup=warmup, repeats=repeats, threads=threads)
-    med = {k: float(np.median(s.usable_ms)) for k, s in samples.items()}
-    return BenchResult(model=loaded.name, threads=threads, tvm_fused_ms=med["tvm_fused"],
-                       tvm_unfused_ms=med["tvm_unfused"], ort_ms=med["ort"], ort_noopt_ms=med["ort_noopt"],
-                       compile_s=fused.compile_s, unfused_compile_s=unfused.compile_s,
-                       fused_iqr_ms=samples["tvm_fused"].iqr_ms, samples=samples["tvm_fused"].n,
-                       kernels_fused=fused.report.kernels, kernels_unfused=unfused.report.kernels)
 
 
 # ----------------------------------------------------------------------------- across processes

@@ -47,9 +47,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device to run (compiles anywhere)")
     config.addinivalue_line("markers", "slow: a large real model")
+    config.addinivalue_line("markers", "conformance_full: all 1884 ONNX node cases; deselected unless "
+                                       "--conformance-full (nightly)")
     from compiler.plugins import load_plugins
 
     load_plugins(config.getoption("--fuseguard-plugin") or [])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`)."""
+    if config.getoption("--conformance-full"):
+        return
+    drop = [item for item in items if item.get_closest_marker("conformance_full")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if not item.get_closest_marker("conformance_full")]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -165,19 +165,15 @@ def fill_weights(model: onnx.ModelProto, seed: int, *, peaked: bool = False,
     uses = _consumers(graph)
     rng = np.random.default_rng(seed)
     gain_for = _attention_score_weights(graph) if peaked else set()
-    bn_params: dict[str, np.ndarray] = {}
     for init in sorted(graph.initializer, key=lambda i: i.name):
         if init.doc_string != STRIPPED:
             continue
         shape = tuple(init.dims)
-        arr, role = _draw(shape, list(_final_uses(init.name, uses)), rng)
+        arr, _ = _draw(shape, list(_final_uses(init.name, uses)), rng)
         if init.name in gain_for:
             arr = arr * PEAKED_GAIN
         dtype = np.float16 if init.data_type == onnx.TensorProto.FLOAT16 else np.float32
         init.CopyFrom(numpy_helper.from_array(arr.astype(dtype), init.name))
-        if role in ("bn_var", "norm_shift") and any(n.op_type == "BatchNormalization" and s in (3, 4)
-                                                    for n, s, _ in _final_uses(init.name, uses)):
-            bn_params[init.name] = arr.astype(dtype)
     if calibrate and any(n.op_type == "BatchNormalization" for n in graph.node):
         out = _calibrate_batchnorm(out, rng)
     return out
