@@ -105,37 +105,34 @@ def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) ->
     GPT-2's Conv1D (`addmm` on `x.view(-1, nx)`) and ONNX Runtime's MatMulAddFusion both flatten a 3-D
     activation around a Gemm; the reshape between the bias and the activation hides MatMul + bias + GELU
     from the pattern table. The rewrite is exact: a row-major flatten and unflatten of the same rows.
+    The new bindings keep the ONNX nodes they stand for in their names (a `rewrite_call` here named the
+    matmul `lv3`: the profile then lost GPT-2's MLP matmul from the unfused parts, a phantom 4x slowdown).
     """
-    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+    from tvm.relax.dpl import is_const, is_op, wildcard
 
     x, weight, bias = wildcard(), is_const(), is_const()
     flat = is_op("relax.reshape")(x, wildcard())
     mm = is_op("relax.matmul")(flat, weight)
     biased = is_op("relax.add")(mm, bias) | is_op("relax.add")(bias, mm)
-    out_biased = is_op("relax.reshape")(biased, wildcard())
-    out_plain = is_op("relax.reshape")(mm, wildcard())
+    pattern = is_op("relax.reshape")(biased, wildcard()) | is_op("relax.reshape")(mm, wildcard())
 
-    def rewrite(expr: relax.Expr, m: dict) -> relax.Expr:
+    def rewrite(m: dict) -> relax.Expr | None:
+        expr = m[pattern]
         src, res = static_dims(m[x]), static_dims(expr)
         w = static_dims(m[weight])
         if src is None or res is None or w is None or len(w) != 2 or len(src) < 3:
-            return expr
+            return None
         if res[:-1] != src[:-1] or src[-1] != w[0] or res[-1] != w[1]:
-            return expr
+            return None
         out = relax.op.matmul(m[x], m[weight])
         if bias in m:
             b = static_dims(m[bias])
             if b is None or (b and b[:-1] and any(d != 1 for d in b[:-1])):
-                return expr
+                return None
             out = relax.op.add(out, m[bias])
         return out
 
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-            func = rewrite_call(out_biased, rewrite, func)
-            func = rewrite_call(out_plain, rewrite, func)
-            mod[gv] = func
-    return mod
+    return recognize(mod, pattern, rewrite, "Gemm")[0]
 
 
 @tvm.transform.module_pass(opt_level=0, name="ExpandSmallPowers")
@@ -147,25 +144,22 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
     unfused parts (benchmarks/regret.py, Zen4). Two multiplies are vector instructions and exact to
     within an ulp of powf; the patterns accept both spellings.
     """
-    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+    from tvm.relax.dpl import is_const, is_op, wildcard
 
     x, c = wildcard(), is_const()
     pattern = is_op("relax.power")(x, c)
 
-    def rewrite(expr: relax.Expr, m: dict) -> relax.Expr:
+    def rewrite(m: dict) -> relax.Expr | None:
         ty = m[x].ty
         if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith("float"):
-            return expr
+            return None
         exponent = np.asarray(_np(m[c]))
         if exponent.size != 1 or float(exponent.reshape(())) not in (2.0, 3.0):
-            return expr
+            return None
         square = relax.op.multiply(m[x], m[x])
         return square if float(exponent.reshape(())) == 2.0 else relax.op.multiply(m[x], square)
 
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-            mod[gv] = rewrite_call(pattern, rewrite, func)
-    return mod
+    return recognize(mod, pattern, rewrite, "Pow")[0]
 
 
 # ------------------------------------------------------------------------ recognising decomposed ops
@@ -207,20 +201,48 @@ class _Recognizer(relax.PyExprMutator):
         if new is None:
             super().visit_var_binding_(binding)
             return
-        # The rewrite's operands are matched *values*; a value some binding already holds is that var
-        # (else the producer of the op's input would be emitted a second time).
-        if isinstance(new, relax.Call):
-            new = relax.Call(new.op, [self.val2var.get(a, a) for a in new.args], new.attrs, new.ty_args)
-        inputs = {a for a in new.args if isinstance(a, relax.Var)} if isinstance(new, relax.Call) else set()
+        new = self._reuse_vars(new)
+        inputs = _leaf_vars(new)
         names = sorted({self.val2var[e].name for e in matches.values()
                         if e in self.val2var and self.val2var[e] not in inputs} | {binding.var.name})
-        new = relax.expr_functor.PyExprMutator.visit_expr(self, new)
+        new = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(new, names))
         if isinstance(binding.var, relax.DataflowVar) or not self._in_dataflow:
             var = self.builder_.emit(new, merged_tag(names, self.label))
         else:   # the block's output (e.g. the model's last op): must stay visible outside the block
             var = self.builder_.emit_output(new, merged_tag(names, self.label))
         self.rewritten.append(names)
         self.set_var_remap(binding.var, var)
+
+
+    def _reuse_vars(self, expr: relax.Expr) -> relax.Expr:
+        """The rewrite's operands are matched *values*; a value some binding already holds is that var
+        (else the producer of the op's input would be emitted a second time)."""
+        if not isinstance(expr, relax.Call):
+            return expr
+        args = [self.val2var[a] if a in self.val2var else self._reuse_vars(a) for a in expr.args]
+        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
+
+    def _emit_nested(self, expr: relax.Expr, names: list[str]) -> relax.Expr:
+        """Bind a rewrite's inner calls (matmul inside add(matmul, b)) under tags naming the same nodes."""
+        if not isinstance(expr, relax.Call):
+            return expr
+        args = []
+        for a in expr.args:
+            if isinstance(a, relax.Call):
+                inner = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(a, names))
+                label = a.op.name.rsplit(".", 1)[-1].capitalize() if isinstance(a.op, tvm.ir.Op) else self.label
+                a = self.builder_.emit(inner, merged_tag(names, label))
+            args.append(a)
+        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
+
+
+def _leaf_vars(expr: relax.Expr) -> set[relax.Var]:
+    """The vars a (possibly nested) rewritten call reads."""
+    if isinstance(expr, relax.Var):
+        return {expr}
+    if isinstance(expr, relax.Call):
+        return set().union(*(_leaf_vars(a) for a in expr.args)) if expr.args else set()
+    return set()
 
 
 def recognize(mod: tvm.IRModule, pattern, rewrite, label: str) -> tuple[tvm.IRModule, list[list[str]]]:

@@ -139,3 +139,44 @@ def test_cuda_codegen_without_gpu(arch: str) -> None:
 def test_bad_gpu_arch() -> None:
     with pytest.raises(UsageError, match="sm_XX"):
         compile_model(get_model("mlp_gelu").make({}, seed=0), options=CompileOptions(gpu_arch="ampere"))
+
+
+def test_normalising_rewrites_keep_provenance() -> None:
+    """reshape(Gemm(reshape(x))) -> MatMul and x^3 -> x*x*x keep their ONNX nodes in every new binding's
+    name: an untagged `lv` matmul drops out of the profile's unfused parts (a phantom 4x slowdown)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import relax
+
+    from compiler.importer import import_model, provenance_of
+    from compiler.onnx_loader import load
+    from compiler.passes import ExpandSmallPowers, NormalizeFlattenedGemm
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    flat = numpy_helper.from_array(np.array([-1, 8], np.int64), "flat")
+    back = numpy_helper.from_array(np.array([1, 4, 16], np.int64), "back")
+    three = numpy_helper.from_array(np.array(3.0, np.float32), "three")
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"], name="flatten"),
+             helper.make_node("Gemm", ["x2", "w", "b"], ["y2"], name="conv1d"),
+             helper.make_node("Reshape", ["y2", "back"], ["y"], name="unflatten"),
+             helper.make_node("Pow", ["y", "three"], ["z"], name="cube")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 16])],
+                              [w, b, flat, back, three])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    imported = import_model(load(model, None, name="provenance"))
+    mod = ExpandSmallPowers(NormalizeFlattenedGemm(relax.transform.FoldConstant()(imported.mod)))
+    mod = relax.transform.DeadCodeElimination()(mod)
+    calls = {}
+    for binding in mod["main"].body.blocks[0].bindings:
+        if isinstance(binding.value, relax.Call):
+            calls.setdefault(binding.value.op.name, []).append(binding.var.name)
+    assert "relax.reshape" not in calls, calls
+    assert calls["relax.matmul"] and calls["relax.multiply"], calls
+    for op, names in calls.items():
+        for name in names:
+            assert provenance_of([name], imported), f"{op} bound to untagged {name!r}"
+    assert set(provenance_of(calls["relax.matmul"], imported)) >= {"conv1d"}
+    assert set(provenance_of(calls["relax.multiply"], imported)) == {"cube"}
