@@ -105,6 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--json", default=None, metavar="FILE", help="write every case's outcome as JSON")
     _add_build_options_no_model(co)
 
+    ga = sub.add_parser("gate", help="A/B latency gate: this tree's compiler against a base revision's, "
+                                     "both timed in the same fresh processes (no stored baseline needed)")
+    ga.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names "
+                    "(default: the latency set)")
+    _add_build_options(ga)
+    ga.add_argument("--base", default=None, metavar="REV", help="the revision to gate against (default: the "
+                    "merge-base with main, or on main the previous commit)")
+    ga.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
+    ga.add_argument("--repeats", type=int, default=7, help="interleaved rounds per fresh process (default 7)")
+    ga.add_argument("--processes", type=int, default=3, metavar="N",
+                    help="fresh timing processes to start with (default 3; up to 8 while unclear)")
+    ga.add_argument("--factor", type=_factor, default=1.10, help="slowdown that fails (default 1.10)")
+    ga.add_argument("--cache-dir", default=None, metavar="DIR",
+                    help="where base trees are materialised (default: FUSEGUARD_CACHE_DIR or ~/.cache/fuseguard)")
+    ga.add_argument("--json", default=None, metavar="FILE", help="write the verdicts as JSON")
+
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
 
@@ -535,6 +551,71 @@ def _conformance(args: argparse.Namespace) -> int:
     return EXIT_OK if report else EXIT_MISMATCH
 
 
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"the factor must be > 1 (a slowdown ratio), got {text}")
+    return value
+
+
+def _gate(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rich.console import Console
+
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.plugins import env_for, load_plugins
+    from compiler.target import host_cores
+    from suites.latency_set import LATENCY_SET, latency_spec
+
+    from . import ab
+    from .gate import GatePolicy
+    from .timing import timing_env
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    if options.gpu_arch:
+        raise UsageError("fuseguard gate times the host CPU; a GPU A/B gate runs on a GPU runner")
+    if args.processes < 2:
+        raise UsageError("--processes must be >= 2: per-process speed modes are part of what is measured")
+    rev = args.base or ab.default_base()
+    if rev is None:
+        raise UsageError("no base revision: pass --base REV (this is not a git checkout with history)")
+    commit = ab.resolve_commit(rev)
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    base_tree = ab.materialize(commit, cache=cache)
+    threads = args.threads or host_cores()
+    env = {**env_for(args.plugin), **timing_env(threads)}
+    sources = _sources(args) if args.models else [latency_spec(n) for n in LATENCY_SET]
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    console = Console(width=None if sys.stdout.isatty() else 160, stderr=True)
+    policy = GatePolicy(factor=args.factor)
+    results = []
+    console.print(f"fuseguard gate: {ab.PROJECT_ROOT} (working tree) against {rev} = {commit[:12]}, "
+                  f"{len(sources)} model(s), {threads} threads")
+    with tempfile.TemporaryDirectory(prefix="fuseguard-gate-") as tmp:
+        for i, source in enumerate(sources):
+            result = ab.ab_model(source, base_tree, ab.PROJECT_ROOT, base_commit=commit, workdir=Path(tmp) / str(i),
+                                 options=ab.options_dict(options), threads=threads, processes=args.processes,
+                                 repeats=args.repeats, policy=policy, timeout=args.timeout, env=env, shapes=shapes,
+                                 progress=lambda m, i=i: console.print(f"[{i + 1}/{len(sources)}] {m}",
+                                                                       highlight=False))
+            results.append(result)
+            print(result.line(), flush=True)
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, {"base": commit, "results": [r.to_dict() for r in results]})
+    failed = [r for r in results if ab.verdict_is_failure(r)]
+    changed = [r for r in results if r.outputs_match is False]
+    print(f"fuseguard gate: {len(results) - len(failed)}/{len(results)} passed against {commit[:12]}"
+          + (f"; outputs changed in {', '.join(r.model for r in changed)}" if changed else ""))
+    return EXIT_MISMATCH if failed else EXIT_OK
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -552,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
-               "tune": _tune, "conformance": _conformance,
+               "tune": _tune, "conformance": _conformance, "gate": _gate,
                "bisect": run_bisect}[args.command]
     try:
         return handler(args)

@@ -1,0 +1,105 @@
+"""The A/B gate end to end: two commits of a temporary git repository, each model compiled by both trees'
+compilers in their own workers and timed interleaved in fresh processes.
+
+The effect is one no noise can hide: commit B turns the CPU matmul schedule off, which makes the MLP
+model several times slower and leaves the convolution model alone. The 10% decision logic is checked with
+synthetic samples (a timing effect that small belongs to a benchmark, not a test)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verify import ab
+from verify.core import SuiteSpec
+from verify.gate import GatePolicy, Verdict
+from verify.timing import timing_env
+
+ROOT = Path(__file__).resolve().parent.parent
+SWITCH = "    matmul: bool = True"
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def two_commits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    repo = tmp_path_factory.mktemp("abrepo")
+    shutil.copytree(ROOT / "compiler", repo / "compiler", ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "A")
+    a = _git(repo, "rev-parse", "HEAD")
+    cpu = repo / "compiler" / "schedule" / "cpu.py"
+    text = cpu.read_text()
+    assert SWITCH in text, "the CPU matmul switch moved: update this test's slowing change"
+    cpu.write_text(text.replace(SWITCH, "    matmul: bool = False"))
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "B: matmul schedule off")
+    return repo, a, _git(repo, "rev-parse", "HEAD")
+
+
+def test_materialize_is_cached_per_commit(two_commits, tmp_path: Path) -> None:
+    repo, a, b = two_commits
+    tree_a = ab.materialize(a, repo, cache=tmp_path)
+    assert (tree_a / "compiler" / "pipeline.py").exists() and tree_a.name == a
+    assert ab.materialize("HEAD~1", repo, cache=tmp_path) == tree_a
+    assert "matmul: bool = False" in (ab.materialize(b, repo, cache=tmp_path) / "compiler/schedule/cpu.py").read_text()
+    with pytest.raises(Exception, match="not a commit"):
+        ab.materialize("no-such-branch", repo, cache=tmp_path)
+
+
+def test_ab_flags_the_slowed_model_and_not_the_other(two_commits, tmp_path: Path) -> None:
+    repo, a, b = two_commits
+    tree_a, tree_b = (ab.materialize(c, repo, cache=tmp_path / "cache") for c in (a, b))
+    options = ab.options_dict(__import__("compiler.pipeline", fromlist=["CompileOptions"]).CompileOptions())
+    common = dict(options=options, threads=2, processes=2, repeats=5, env=timing_env(2), base_commit=a,
+                  policy=GatePolicy(factor=1.5), max_processes=4, timeout=600)
+    slowed = ab.ab_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 64))), tree_a, tree_b,
+                         workdir=tmp_path / "mlp", **common)
+    kept = ab.ab_model(SuiteSpec("conv_bn_relu", (("batch", 1), ("size", 16))), tree_a, tree_b,
+                       workdir=tmp_path / "conv", **common)
+    assert slowed.error is None and kept.error is None, (slowed.error, kept.error)
+    assert slowed.gate.verdict is Verdict.SLOWER and not slowed, slowed.line()
+    assert slowed.candidate_ms > 1.5 * slowed.base_ms
+    assert not kept.gate.regressed and kept, kept.line()
+    # Only the schedule changed: both builds compute the same numbers.
+    assert slowed.outputs_match and kept.outputs_match, (slowed.outputs_note, kept.outputs_note)
+
+
+def test_build_arm_refuses_the_wrong_compiler(tmp_path: Path) -> None:
+    """The worker must import the base tree's compiler; one that resolves elsewhere is an error, not a
+    silent A/A run."""
+    with pytest.raises(RuntimeError, match="not from"):
+        ab.build_arm(str(tmp_path), "m.onnx", "i.npz", {}, str(tmp_path), "base")
+
+
+def _runs(ratio: float, processes: int, seed: int, n: int = 15) -> list[dict[str, list[float]]]:
+    """Synthetic processes: each with its own speed mode (x0.9-1.1), lognormal noise of 3%."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for _ in range(processes):
+        mode = rng.uniform(0.9, 1.1)
+        runs.append({"base": list(mode * np.exp(rng.normal(0, 0.03, n))),
+                     "candidate": list(mode * ratio * np.exp(rng.normal(0, 0.03, n)))})
+    return runs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decision_at_ten_percent(seed: int) -> None:
+    policy = GatePolicy(factor=1.10)
+    assert ab.decide("m", _runs(1.15, 3, seed), policy).verdict is Verdict.SLOWER
+    assert ab.decide("m", _runs(1.00, 3, seed + 100), policy).verdict is Verdict.SAME
+    assert ab.decide("m", _runs(1 / 1.15, 3, seed + 200), policy).verdict is Verdict.FASTER
+
+
+def test_per_process_modes_cancel() -> None:
+    """Two processes at very different speeds, no code change: pooled ratios are centred on 1."""
+    runs = [{"base": [1.0, 1.01, 0.99], "candidate": [1.0, 0.99, 1.01]},
+            {"base": [1.5, 1.51, 1.49], "candidate": [1.5, 1.49, 1.51]}]
+    base, cand = ab.pooled(runs)
+    assert np.median(cand) == pytest.approx(1.0, abs=0.02) and np.median(base) == pytest.approx(1.0, abs=0.02)

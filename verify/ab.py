@@ -1,0 +1,334 @@
+"""`fuseguard gate --base REV`: the candidate's compiler against a base revision's, same machine, same run.
+
+Why: a stored per-class baseline goes blind when CI lands on a new CPU class, and one recorded in a single
+process carries that process's speed mode. An A/B run needs neither: REV's tree is materialised once per
+commit (`git archive` into the cache directory), each model is compiled by REV's compiler and by the
+candidate's in their own worker processes (that tree first on `sys.path`; the candidate's harness, inputs
+and ONNX file for both, so only the compiler differs), and the two exported builds are timed interleaved
+(A B B A ...) with ONNX Runtime as a third arm, in several fresh processes. Within each process both arms'
+samples are divided by that process's base median, so a per-process speed mode shifts both and cancels;
+the pooled ratios go through the same gate as a stored baseline (factor AND Mann-Whitney/KS, more fresh
+processes while unclear). The outputs of the two builds are compared too: a change that alters numerics is
+reported beside one that alters speed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import UsageError
+
+from .gate import GatePolicy, GateResult, Measurement, Verdict, compare
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("base", "candidate")
+
+
+def cache_root() -> Path:
+    """`FUSEGUARD_CACHE_DIR`, else `$XDG_CACHE_HOME/fuseguard`, else `~/.cache/fuseguard`."""
+    env = os.environ.get("FUSEGUARD_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuseguard"
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise UsageError(f"git {' '.join(args)} in {repo}: {err}") from None
+    if done.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} in {repo}: {done.stderr.strip().splitlines()[-1:] or ['failed']}"[:300])
+    return done.stdout.strip()
+
+
+def resolve_commit(rev: str, repo: Path = PROJECT_ROOT) -> str:
+    """The full commit id of `rev` (a branch, tag, `HEAD~1`, a sha)."""
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except UsageError:
+        raise UsageError(f"--base {rev}: not a commit in {repo}") from None
+
+
+def default_base(repo: Path = PROJECT_ROOT) -> str | None:
+    """What a pull request is gated against: the merge-base with `origin/main` (or `main`), or, on main
+    itself, the previous commit. None outside a git checkout or with no history."""
+    try:
+        head = resolve_commit("HEAD", repo)
+    except UsageError:
+        return None
+    for branch in ("origin/main", "main"):
+        try:
+            base = _git(repo, "merge-base", "HEAD", branch)
+        except UsageError:
+            continue
+        if base and base != head:
+            return base
+    try:
+        return resolve_commit("HEAD~1", repo)
+    except UsageError:
+        return None
+
+
+def materialize(rev: str, repo: Path = PROJECT_ROOT, cache: Path | None = None) -> Path:
+    """REV's tree as a directory, cached per commit (written whole, then renamed into place)."""
+    from filelock import FileLock
+
+    sha = resolve_commit(rev, repo)
+    root = (cache or cache_root()) / "revs"
+    root.mkdir(parents=True, exist_ok=True)
+    tree = root / sha
+    with FileLock(str(root / f"{sha}.lock"), timeout=600):
+        if (tree / ".fuseguard-complete").exists():
+            return tree
+        tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=root))
+        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha], capture_output=True)
+        if archive.returncode != 0:
+            raise UsageError(f"git archive {sha[:12]}: {archive.stderr.decode(errors='replace').strip()[:200]}")
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+        if not (tmp / "compiler").is_dir():
+            raise UsageError(f"--base {rev}: commit {sha[:12]} has no compiler/ package")
+        (tmp / ".fuseguard-complete").write_text(sha + "\n")
+        if tree.exists():
+            import shutil
+
+            shutil.rmtree(tree)
+        tmp.rename(tree)
+    return tree
+
+
+# ----------------------------------------------------------------------------- worker tasks
+
+def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str, Any], out_dir: str,
+              label: str) -> dict[str, Any]:
+    """In a worker whose `sys.path` starts with `tree`: compile with THAT tree's compiler, export the
+    library, run it once on the inputs (for the output comparison)."""
+    import time
+
+    import compiler
+
+    where = Path(compiler.__file__).resolve()
+    if Path(tree).resolve() not in where.parents:
+        raise RuntimeError(f"{label}: imported compiler from {where}, not from {tree}")
+    from compiler.pipeline import CompileOptions, compile_model
+
+    known = {f.name for f in fields(CompileOptions)}
+    opts = CompileOptions(**{k: (frozenset(v) if k == "disabled_patterns" else v)
+                             for k, v in options.items() if k in known})
+    with np.load(inputs_path) as z:
+        inputs = {k: z[k] for k in z.files}
+    start = time.perf_counter()
+    compiled = compile_model(model_path, {k: v.shape for k, v in inputs.items()}, options=opts)
+    compile_s = time.perf_counter() - start
+    out = Path(out_dir)
+    compiled.executable.export_library(str(out / f"{label}.so"))
+    outputs = compiled.run(inputs)
+    np.savez(out / f"{label}-outputs.npz", **{f"output_{i}": o for i, o in enumerate(outputs)})
+    kernels = getattr(getattr(compiled, "report", None), "kernels", None)
+    return {"input_names": list(compiled.input_names), "compile_s": compile_s, "kernels": kernels,
+            "output_names": list(getattr(compiled, "output_names", []) or [])}
+
+
+def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2) -> dict[str, list[float]]:
+    """In a fresh process: base, candidate and ONNX Runtime timed interleaved; usable samples in ms."""
+    import json
+
+    import onnx
+    import tvm
+    from tvm import relax
+
+    from .bench import _ort_session
+    from .timing import measure_interleaved
+
+    d = Path(directory)
+    meta = json.loads((d / "meta.json").read_text())
+    with np.load(d / "inputs.npz") as z:
+        inputs = {k: z[k] for k in z.files}
+    fns: dict[str, Callable[[], object]] = {}
+    for label in ARMS:
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(d / f"{label}.so")), tvm.cpu())
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in meta[label]["input_names"]]
+        main = vm["main"]
+        fns[label] = (lambda main=main, args=args: main(*args))
+    session = _ort_session(onnx.load(str(d / "model.onnx")), threads, True)
+    feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+    fns["ort"] = lambda: session.run(None, feed)
+    samples = measure_interleaved(fns, warmup=warmup, repeats=repeats, threads=threads)
+    return {k: [float(v) for v in s.usable_ms] for k, s in samples.items()}
+
+
+# ----------------------------------------------------------------------------- statistics and results
+
+def pooled(runs: Sequence[Mapping[str, Sequence[float]]]) -> tuple[list[float], list[float]]:
+    """Each process's base and candidate samples divided by that process's base median, pooled."""
+    base: list[float] = []
+    cand: list[float] = []
+    for run in runs:
+        scale = float(np.median(run["base"]))
+        base.extend(float(v) / scale for v in run["base"])
+        cand.extend(float(v) / scale for v in run["candidate"])
+    return base, cand
+
+
+def decide(name: str, runs: list[dict[str, list[float]]], policy: GatePolicy,
+           more_run: Callable[[], dict[str, list[float]] | None] | None = None) -> GateResult:
+    """The gate's verdict on pooled per-process ratios; `more_run` buys another fresh process while unclear
+    (None when the budget is spent)."""
+    from dataclasses import replace
+
+    from .baselines import Entry, Metadata
+
+    base, cand = pooled(runs)
+    entry = Entry.from_samples(base, Metadata(device="same run", tvm_version="", fuseguard_version="", date=""))
+
+    def more(_n: int) -> Sequence[float]:
+        run = more_run() if more_run is not None else None
+        if run is None:
+            return []
+        runs.append(run)
+        return pooled([run])[1]
+
+    result = compare(name, Measurement.of(cand), entry, policy=policy, more=more if more_run else None)
+    note = "; ".join(x for x in (result.note, f"{len(runs)} fresh process(es), base and candidate interleaved") if x)
+    return replace(result, normalised=True, note=note)
+
+
+@dataclass
+class ABResult:
+    """One model's A/B verdict; truthy unless the candidate is slower or the run failed."""
+
+    model: str
+    base_commit: str
+    gate: GateResult | None = None
+    base_ms: float | None = None
+    candidate_ms: float | None = None
+    ort_ms: float | None = None
+    outputs_match: bool | None = None
+    outputs_note: str = ""
+    compile_s: dict[str, float] | None = None
+    kernels: dict[str, Any] | None = None
+    error: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.error is None and self.gate is not None and not self.gate.regressed
+
+    @property
+    def verdict(self) -> str:
+        return "error" if self.error else (self.gate.verdict.value if self.gate else "-")
+
+    def line(self) -> str:
+        if self.error:
+            return f"{self.model}: error: {self.error}"
+        assert self.gate is not None
+        text = f"{self.gate.line()} vs {self.base_commit[:12]}"
+        if self.base_ms and self.candidate_ms and self.ort_ms:
+            text += f"; base {self.base_ms:.3f} ms, candidate {self.candidate_ms:.3f} ms, ORT {self.ort_ms:.3f} ms"
+        if self.outputs_match is False:
+            text += f"; OUTPUTS CHANGED: {self.outputs_note}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verdict"] = self.verdict
+        if self.gate is not None:
+            d["gate"] = {**asdict(self.gate), "verdict": self.gate.verdict.value, "line": self.gate.line()}
+        return d
+
+
+def compare_arm_outputs(directory: Path) -> tuple[bool, str]:
+    """Base outputs against the candidate's, with the float32 tolerances of `fuseguard verify`."""
+    from .compare import compare_outputs
+
+    with np.load(directory / "base-outputs.npz") as b, np.load(directory / "candidate-outputs.npz") as c:
+        base = [b[k] for k in sorted(b.files, key=lambda s: int(s.rsplit("_", 1)[1]))]
+        cand = [c[k] for k in sorted(c.files, key=lambda s: int(s.rsplit("_", 1)[1]))]
+    if len(base) != len(cand):
+        return False, f"{len(base)} output(s) in the base build, {len(cand)} in the candidate's"
+    result = compare_outputs(cand, base, check_dtype=False)
+    return bool(result), ("same within tolerance" if result else result.summary())
+
+
+def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit: str, workdir: Path,
+             options: Mapping[str, Any], threads: int, processes: int = 3, repeats: int = 7,
+             policy: GatePolicy = GatePolicy(), seed: int = 0, timeout: float | None = 1800,
+             env: Mapping[str, str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+             max_processes: int = 8, progress: Callable[[str], None] | None = None) -> ABResult:
+    """Compile `source` with both trees, time both builds in fresh processes, gate, compare outputs."""
+    import json
+
+    from compiler.errors import FuseguardError
+    from compiler.onnx_loader import load
+
+    from .core import SuiteSpec
+    from .inputs import make_inputs
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    say = progress or (lambda _m: None)
+    name = source.label if isinstance(source, SuiteSpec) else str(source)
+    result = ABResult(model=name, base_commit=base_commit)
+    try:
+        loaded = load(source.build() if isinstance(source, SuiteSpec) else source,
+                      None if isinstance(source, SuiteSpec) else shapes, name=name)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "model.onnx").write_bytes(loaded.model.SerializeToString())
+        inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+        np.savez(workdir / "inputs.npz", **inputs)
+        meta: dict[str, Any] = {"model": name}
+        for label, tree in (("base", base_tree), ("candidate", candidate_tree)):
+            say(f"{name}: compiling with the {label} compiler ({tree})")
+            with Worker(sys_path=[str(tree)], env=dict(env or {}), forward_output=False) as worker:
+                meta[label] = worker.call("verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
+                                          timeout=timeout, tree=str(tree), model_path=str(workdir / "model.onnx"),
+                                          inputs_path=str(workdir / "inputs.npz"), options=dict(options),
+                                          out_dir=str(workdir), label=label)
+        (workdir / "meta.json").write_text(json.dumps(meta))
+        result.compile_s = {k: meta[k]["compile_s"] for k in ARMS}
+        result.kernels = {k: meta[k]["kernels"] for k in ARMS}
+        result.outputs_match, result.outputs_note = compare_arm_outputs(workdir)
+
+        def one_run() -> dict[str, list[float]]:
+            n = len(runs) + 1
+            say(f"{name}: timing base vs candidate vs ORT (fresh process {n})")
+            with Worker(env=dict(env or {}), forward_output=False) as timer:
+                return timer.call("verify.ab:time_arms", what=f"timing {name} (process {n})", timeout=timeout,
+                                  directory=str(workdir), threads=threads, repeats=repeats)
+
+        runs: list[dict[str, list[float]]] = []
+        for _ in range(processes):
+            runs.append(one_run())
+        extra = max(0, max_processes - processes)
+
+        def more_run() -> dict[str, list[float]] | None:
+            nonlocal extra
+            if extra <= 0:
+                return None
+            extra -= 1
+            return one_run()
+
+        result.gate = decide(name, runs, policy, more_run)
+        result.base_ms, result.candidate_ms, result.ort_ms = (
+            float(np.median([np.median(r[k]) for r in runs])) for k in ("base", "candidate", "ort"))
+    except FuseguardError as err:
+        result.error = str(err)
+    except (WorkerFailure, WorkerTaskError) as err:
+        result.error = str(err).splitlines()[0]
+    return result
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """CompileOptions as plain values for another tree's CompileOptions (unknown fields are dropped there)."""
+    d = {f.name: getattr(options, f.name) for f in fields(options) if f.name != "extra_passes"}
+    d["disabled_patterns"] = sorted(d.get("disabled_patterns") or ())
+    return d
+
+
+def verdict_is_failure(result: ABResult) -> bool:
+    return result.error is not None or (result.gate is not None and result.gate.verdict is Verdict.SLOWER)
