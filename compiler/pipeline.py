@@ -42,7 +42,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, decisions, patterns, report
+from . import cost, decisions, patterns, progress, report
 from .errors import CompileError, FuseguardError, UsageError
 from .hardware import Hardware, for_target
 from .importer import ImportResult, import_folded, import_model, provenance_of
@@ -317,6 +317,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     t0 = time.perf_counter()
 
     def stage(label: str, passes: Sequence[tvm.transform.Pass], m: tvm.IRModule) -> tvm.IRModule:
+        progress.stage(label)
         start = time.perf_counter()
         try:
             with target:
@@ -385,6 +386,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     mod = _run_user_passes("after_tir_fusion", mod, options)
 
     start = time.perf_counter()
+    progress.stage("schedule")
     with target:
         mod, left_alone, scheduled = _schedule(mod, spec, target, options)
     rep.stage_s["schedule"] = time.perf_counter() - start
@@ -427,6 +429,7 @@ def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(),
                          f"known: {', '.join(patterns.pattern_names())}")
     start = time.perf_counter()
     lowered, rep = lower(mod, spec, options, name=name, provenance=provenance)
+    progress.stage("codegen")
     try:
         exe = build(lowered, spec)
     except Exception as err:
@@ -450,6 +453,7 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
         return compile_relax(source, options, name=name or "module")
     loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name)
     start = time.perf_counter()
+    progress.stage("import")
     imported: ImportResult = import_model(loaded)
     import_s = time.perf_counter() - start
 

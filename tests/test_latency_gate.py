@@ -25,6 +25,9 @@ def test_no_baseline_is_reported_not_passed_or_failed(tmp_path: Path) -> None:
     proc = run_pytest("--baseline-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout
     assert "1 skipped" in proc.stdout and "no baseline for conv_bn_relu" in proc.stdout
+    # The blind gate is said once, with both ways out.
+    assert proc.stdout.count("no latency baselines for this machine class") == 1, proc.stdout
+    assert "--baseline-rev REV" in proc.stdout
     strict = run_pytest("--baseline-dir", str(tmp_path), "--strict-baselines")
     assert strict.returncode == 1 and "no baseline" in strict.stdout
 

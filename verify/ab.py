@@ -26,7 +26,7 @@ import numpy as np
 
 from compiler.errors import UsageError
 
-from .gate import GatePolicy, GateResult, Measurement, Verdict, compare
+from .gate import GatePolicy, GateResult, Measurement, Verdict, evaluate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("base", "candidate")
@@ -137,8 +137,13 @@ def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str
             "output_names": list(getattr(compiled, "output_names", []) or [])}
 
 
-def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2) -> dict[str, list[float]]:
-    """In a fresh process: base, candidate and ONNX Runtime timed interleaved; usable samples in ms."""
+def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
+              flip: bool = False) -> dict[str, list[float]]:
+    """In a fresh process: base, candidate and ONNX Runtime timed interleaved; usable samples in ms.
+
+    `flip` loads and starts with the candidate instead of the base: alternated across processes, since
+    the first library loaded and the first arm timed can be systematically favoured (an A/A run of
+    identical compilers read the second-loaded arm 1.03-1.05x slower on four of six models, Zen4)."""
     import json
 
     import onnx
@@ -153,7 +158,7 @@ def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2
     with np.load(d / "inputs.npz") as z:
         inputs = {k: z[k] for k in z.files}
     fns: dict[str, Callable[[], object]] = {}
-    for label in ARMS:
+    for label in (tuple(reversed(ARMS)) if flip else ARMS):
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(d / f"{label}.so")), tvm.cpu())
         args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in meta[label]["input_names"]]
         main = vm["main"]
@@ -180,25 +185,31 @@ def pooled(runs: Sequence[Mapping[str, Sequence[float]]]) -> tuple[list[float], 
 
 def decide(name: str, runs: list[dict[str, list[float]]], policy: GatePolicy,
            more_run: Callable[[], dict[str, list[float]] | None] | None = None) -> GateResult:
-    """The gate's verdict on pooled per-process ratios; `more_run` buys another fresh process while unclear
-    (None when the budget is spent)."""
+    """The gate's verdict on pooled per-process ratios; while unclear, `more_run` adds a fresh process to
+    BOTH arms (None when the budget is spent)."""
     from dataclasses import replace
 
     from .baselines import Entry, Metadata
 
-    base, cand = pooled(runs)
-    entry = Entry.from_samples(base, Metadata(device="same run", tvm_version="", fuseguard_version="", date=""))
-
-    def more(_n: int) -> Sequence[float]:
-        run = more_run() if more_run is not None else None
-        if run is None:
-            return []
-        runs.append(run)
-        return pooled([run])[1]
-
-    result = compare(name, Measurement.of(cand), entry, policy=policy, more=more if more_run else None)
-    note = "; ".join(x for x in (result.note, f"{len(runs)} fresh process(es), base and candidate interleaved") if x)
-    return replace(result, normalised=True, note=note)
+    meta = Metadata(device="same run", tvm_version="", fuseguard_version="", date="")
+    rounds = 0
+    while True:
+        base, cand = pooled(runs)
+        entry = Entry.from_samples(base, meta)
+        run = Measurement.of(cand)
+        exhausted = more_run is None or len(cand) >= policy.max_samples
+        result = evaluate(name, run, entry, policy, exhausted=exhausted, rounds=rounds)
+        if result is None:
+            extra = more_run() if more_run is not None else None
+            if extra is None:
+                more_run = None
+                continue
+            runs.append(extra)
+            rounds += 1
+            continue
+        note = "; ".join(x for x in (result.note, f"{len(runs)} fresh process(es), base and candidate interleaved")
+                         if x)
+        return replace(result, normalised=True, note=note)
 
 
 @dataclass
@@ -219,6 +230,10 @@ class ABResult:
 
     def __bool__(self) -> bool:
         return self.error is None and self.gate is not None and not self.gate.regressed
+
+    @property
+    def regressed(self) -> bool:
+        return self.gate is not None and self.gate.regressed
 
     @property
     def verdict(self) -> str:
@@ -257,7 +272,7 @@ def compare_arm_outputs(directory: Path) -> tuple[bool, str]:
 
 
 def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit: str, workdir: Path,
-             options: Mapping[str, Any], threads: int, processes: int = 3, repeats: int = 7,
+             options: Mapping[str, Any], threads: int, processes: int = 4, repeats: int = 7,
              policy: GatePolicy = GatePolicy(), seed: int = 0, timeout: float | None = 1800,
              env: Mapping[str, str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
              max_processes: int = 8, progress: Callable[[str], None] | None = None) -> ABResult:
@@ -299,7 +314,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
             say(f"{name}: timing base vs candidate vs ORT (fresh process {n})")
             with Worker(env=dict(env or {}), forward_output=False) as timer:
                 return timer.call("verify.ab:time_arms", what=f"timing {name} (process {n})", timeout=timeout,
-                                  directory=str(workdir), threads=threads, repeats=repeats)
+                                  directory=str(workdir), threads=threads, repeats=repeats, flip=n % 2 == 0)
 
         runs: list[dict[str, list[float]]] = []
         for _ in range(processes):

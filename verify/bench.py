@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler import progress
 from compiler.onnx_loader import load
 from compiler.pipeline import CompileOptions, compile_model
 from compiler.plugins import load_env_plugins
@@ -96,7 +97,8 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
     out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"model": loaded.name}
     for label, opts in (("fused", options), ("unfused", options.unfused())):
-        compiled = compile_model(loaded, options=opts)
+        with progress.scope(f"compile {label}"):
+            compiled = compile_model(loaded, options=opts)
         compiled.executable.export_library(str(out / f"{label}.so"))
         meta[label] = {"input_names": compiled.input_names, "compile_s": compiled.compile_s,
                        "kernels": compiled.report.kernels}

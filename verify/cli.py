@@ -114,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "merge-base with main, or on main the previous commit)")
     ga.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
     ga.add_argument("--repeats", type=int, default=7, help="interleaved rounds per fresh process (default 7)")
-    ga.add_argument("--processes", type=int, default=3, metavar="N",
-                    help="fresh timing processes to start with (default 3; up to 8 while unclear)")
+    ga.add_argument("--processes", type=int, default=4, metavar="N",
+                    help="fresh timing processes to start with (default 4, half of them loading the candidate "
+                         "first; up to 8 while unclear)")
     ga.add_argument("--factor", type=_factor, default=1.10, help="slowdown that fails (default 1.10)")
     ga.add_argument("--cache-dir", default=None, metavar="DIR",
                     help="where base trees are materialised (default: FUSEGUARD_CACHE_DIR or ~/.cache/fuseguard)")
@@ -177,16 +178,23 @@ def _verify(args: argparse.Namespace) -> int:
     if args.inputs and len(sources) != 1:
         raise UsageError("--inputs FILE.npz applies to exactly one model")
 
-    worker = Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug)
+    from .progress import Progress
+
+    progress = Progress(len(sources))
+    worker = Worker(sys_path=[str(Path.cwd())], env={**env_for(args.plugin), **progress.env},
+                    forward_output=args.debug)
     rows, results, worst = [], [], EXIT_OK
     try:
-        for source in sources:
+        progress.__enter__()
+        for index, source in enumerate(sources, 1):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
+            progress.start(index, label)
             kwargs = dict(shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options,
                           seed=args.seed, inputs_file=args.inputs, tolerances=tolerances, per_output=per_output,
                           default_dim=args.default_dim)
             try:
                 verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
+                progress.done(label, verdict.status)
                 rows.append(_report_verdict(verdict, label, source, results, console, args))
                 if not verdict.passed:
                     worst = max(worst, EXIT_MISMATCH)
@@ -204,12 +212,14 @@ def _verify(args: argparse.Namespace) -> int:
                 code = EXIT_MISMATCH
             else:
                 continue
+            progress.done(label, "ERROR", f"during {progress.last_stage()}")
             print(f"fuseguard: error: {message}", file=sys.stderr)
             worst = max(worst, code)
             results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
                             "error": message})
             rows.append((label, "-", "-", "-", "-", "[red]ERROR[/]", "-"))
     finally:
+        progress.__exit__(None, None, None)
         worker.close()
 
     _print_table(console, rows, options)
@@ -344,10 +354,15 @@ def _bench(args: argparse.Namespace) -> int:
 
     from .bench import aggregate
 
-    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker, \
+    from .progress import Progress
+
+    sources = _sources(args)
+    with Progress(len(sources)) as progress, \
+            Worker(sys_path=[str(Path.cwd())], env={**env, **progress.env}, forward_output=args.debug) as worker, \
             tempfile.TemporaryDirectory(prefix="fuseguard-bench-") as tmp:
-        for i, source in enumerate(_sources(args)):
+        for i, source in enumerate(sources):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
+            progress.start(i + 1, label)
             directory = str(Path(tmp) / str(i))
             try:
                 meta = worker.call("verify.bench:prepare_bench", what=f"compiling {label} for bench",
@@ -355,6 +370,7 @@ def _bench(args: argparse.Namespace) -> int:
                                    shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
                 runs = []
                 for p in range(args.processes):     # fresh processes: per-process speed modes show
+                    progress.stage(f"timing, fresh process {p + 1} of {args.processes}")
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
                         runs.append(timer.call("verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
                                                timeout=args.timeout, directory=directory, threads=threads,
@@ -369,8 +385,8 @@ def _bench(args: argparse.Namespace) -> int:
                 worst = max(worst, EXIT_MISMATCH)
                 continue
             results.append(result)
-            console.print(f"{result.model}: fused {result.tvm_fused_ms:.2f} ms, ORT {result.ort_ms:.2f} ms "
-                          f"({result.fused_vs_ort:.2f}x)")
+            progress.done(label, f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} ms, "
+                                 f"ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)")
     console.print(render(results, f"fuseguard bench ({threads} threads, {args.processes} fresh process(es) x "
                                   f">= {args.repeats} interleaved rounds after warm-up; "
                                   f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))

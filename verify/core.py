@@ -16,6 +16,7 @@ import onnx
 
 from compiler.errors import FuseguardError, InputError, ModelError, UsageError
 from compiler.onnx_loader import LoadedModel, error_line, load
+from compiler import progress
 from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel, compile_model
 from compiler.target import cuda_device_present, resolve
@@ -167,7 +168,8 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
                    per_output: Mapping[str, Tolerance] | None) -> tuple[BuildResult, CompiledModel | None]:
     result = BuildResult(config=config)
     try:
-        compiled = compile_model(loaded, options=options)
+        with progress.scope(f"compile {config}"):
+            compiled = compile_model(loaded, options=options)
     except FuseguardError as err:
         if err.exit_code == 2:
             raise
@@ -181,6 +183,7 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
     result.groups, result.pattern_groups = len(rep.groups), len(rep.pattern_groups)
     result.report = rep.to_dict()
     if reference is not None:
+        progress.stage(f"run {config} and compare")
         start = time.perf_counter()
         outputs = compiled.run(inputs)
         result.run_s = time.perf_counter() - start
@@ -198,6 +201,7 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
 
     `seed=None` takes a suite model's own seed (0 for files); any int, 0 included, overrides it."""
     load_env_plugins()
+    progress.stage("load")
     if isinstance(source, SuiteSpec):
         name = name or source.label
         seed = source.seed if seed is None else seed
@@ -215,6 +219,7 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
         raise
     skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
     try:
+        progress.stage("ONNX Runtime reference")
         reference = None if skipped else run_onnxruntime(loaded.model, inputs)
     except Exception as err:  # ORT's own errors: a model it cannot run at these shapes is unusable input
         label = str(loaded.path) if loaded.path else loaded.name

@@ -313,6 +313,20 @@ def _evidence(run: Measurement, baseline: Entry, policy: GatePolicy) -> _Evidenc
     return _Evidence(r, min(lo, r) / widen, max(hi, r) * widen, p, normalised, note)
 
 
+def evaluate(name: str, run: Measurement, baseline: Entry, policy: GatePolicy, *, exhausted: bool,
+             rounds: int = 0) -> GateResult | None:
+    """One look at the evidence: a verdict, or None when more samples are wanted and may still come."""
+    ev = _evidence(run, baseline, policy)
+    decided = _decide(ev.p, ev.ratio, ev.lo, ev.hi, policy, exhausted=exhausted)
+    if decided is None:
+        return None
+    verdict, note = decided
+    noisy = "noisy host: too few unpreempted samples, preempted ones compared too" if run.noisy else ""
+    return GateResult(name, verdict, ev.ratio, (ev.lo, ev.hi), ev.p, len(run.samples_ms), len(baseline.samples_ms),
+                      factor=policy.factor, confidence=policy.confidence, normalised=ev.normalised, rounds=rounds,
+                      note="; ".join(x for x in (note, ev.note, noisy) if x), set_aside=run.set_aside)
+
+
 def compare(name: str, candidate: Measurement | Samples | Sequence[float], baseline: Entry | None, *,
             policy: GatePolicy = GatePolicy(), more: MoreFn | None = None) -> GateResult:
     """Gate one model's candidate run against its baseline entry, sampling more through ``more`` when unclear."""
@@ -325,16 +339,11 @@ def compare(name: str, candidate: Measurement | Samples | Sequence[float], basel
                           note="record one to start gating this model", **common)
     rounds = 0
     while True:
-        ev = _evidence(run, baseline, policy)
         n = len(run.samples_ms)
-        decided = _decide(ev.p, ev.ratio, ev.lo, ev.hi, policy, exhausted=more is None or n >= policy.max_samples)
+        decided = evaluate(name, run, baseline, policy, exhausted=more is None or n >= policy.max_samples,
+                           rounds=rounds)
         if decided is not None:
-            verdict, note = decided
-            noisy = "noisy host: too few unpreempted samples, preempted ones compared too" if run.noisy else ""
-            return GateResult(name, verdict, ev.ratio, (ev.lo, ev.hi), ev.p, n, len(baseline.samples_ms),
-                              normalised=ev.normalised, rounds=rounds,
-                              note="; ".join(x for x in (note, ev.note, noisy) if x), set_aside=run.set_aside,
-                              **common)
+            return decided
         assert more is not None
         extra = more(min(policy.step, policy.max_samples - n))
         rounds += 1

@@ -5,6 +5,7 @@
     pytest --no-fusion                   the "fused" side built with every fusion off
     pytest --disable-pattern NAME        one pattern off (repeatable)
     pytest --fuseguard-plugin MODULE     import a module that registers patterns or passes
+    pytest --baseline-rev origin/main    latency gated A/B against that revision's compiler (any machine)
 
 Each model is compiled and run in a reusable worker subprocess (one per xdist worker), so a native
 crash or hang in TVM fails that one test with "crashed (SIGSEGV) while ..." and the session goes on.
@@ -12,6 +13,7 @@ crash or hang in TVM fails that one test with "crashed (SIGSEGV) while ..." and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--baseline-candidate", default=None, metavar="DIR",
                     help="also write this run's entries to DIR/<arch>.json (a candidate baseline, e.g. for CI "
                          "artifacts)")
+    group.addoption("--baseline-rev", default=os.environ.get("FUSEGUARD_BASELINE_REV"), metavar="REV",
+                    help="gate latency A/B against this revision's compiler, same run, instead of the stored "
+                         "baselines (works on any machine class; env FUSEGUARD_BASELINE_REV)")
     group.addoption("--gate-config", default=None, metavar="FILE.json",
                     help='per-model gate overrides, e.g. {"resnet50": {"factor": 1.2}} '
                          "(default: gate.json in the baseline directory, when present)")
@@ -140,10 +145,27 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
 
     gate = Gate.from_config(load_gate_config(cfg.getoption("--gate-config"), directory))
     candidate = cfg.getoption("--baseline-candidate")
+    rev = cfg.getoption("--baseline-rev")
+    ab_run = _ab_gate(rev, compile_options, gate, cfg) if rev else None
+    told: list[bool] = []
 
     def run(source: Any):
         if gpu_arch and not cuda_device_present():
             pytest.skip(f"no CUDA device: latency of {getattr(source, 'name', source)} on {gpu_arch} needs a GPU")
+        if ab_run is not None:
+            result = ab_run(source)
+            print(result.line())
+            if result.error:
+                pytest.fail(f"A/B gate: {result.line()}", pytrace=False)
+            if result.regressed:
+                pytest.fail(f"latency regression against {rev}: {result.line()}", pytrace=False)
+            return result
+        if not path.exists() and not cfg.getoption("--update-baselines") and not told:
+            told.append(True)
+            warnings.warn(f"no latency baselines for this machine class ({path.name} is missing in {directory}): "
+                          f"the stored-baseline gate is blind here. Gate against a revision instead with "
+                          f"pytest --baseline-rev REV (e.g. origin/main), or record with --update-baselines",
+                          stacklevel=2)
         try:
             result, measured, key = gate_model(fuseguard_worker, source, options=compile_options, path=path,
                                                update=cfg.getoption("--update-baselines"),
@@ -164,6 +186,33 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
         if result.verdict is Verdict.FASTER:
             warnings.warn(f"faster than baseline: {line}; consider pytest --update-baselines", stacklevel=2)
         return result
+
+    return run
+
+
+def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
+    """source -> ABResult against `rev`'s compiler (verify/ab.py); the base tree is materialised once."""
+    import tempfile
+
+    from compiler.plugins import env_for
+    from compiler.target import host_cores
+
+    from . import ab
+    from .timing import timing_env
+
+    commit = ab.resolve_commit(rev)
+    base_tree = ab.materialize(commit)
+    threads = host_cores()
+    env = {**env_for(cfg.getoption("--fuseguard-plugin") or []), **timing_env(threads)}
+    workdir = Path(tempfile.mkdtemp(prefix="fuseguard-ab-"))
+    count = [0]
+
+    def run(source: Any):
+        count[0] += 1
+        key = getattr(source, "label", str(source))
+        return ab.ab_model(source, base_tree, ab.PROJECT_ROOT, base_commit=commit, workdir=workdir / str(count[0]),
+                           options=ab.options_dict(compile_options), threads=threads,
+                           policy=gate.policy_for(key), timeout=cfg.getoption("--fuseguard-timeout"), env=env)
 
     return run
 
