@@ -44,6 +44,9 @@ class CpuScheduleOptions:
     # Conv register tile (mr columns x nr channels) chosen jointly to maximise mr * nr: odd widths
     # (13, 27, 55) no longer fall back to mr = 1 or tiny tiles.
     conv_tile_search: bool = True
+    # Input channels split into L1-sized weight blocks, every column tile of a row reusing one block
+    # before the next (cpu_conv.reduction_block).
+    conv_rc_block: bool = True
     reduction: bool = True
     injective: bool = True
     parallel: bool = True
@@ -279,7 +282,8 @@ def _try_conv(
         info = next(i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None)
         try:
             ok = schedule_conv2d(
-                sch, info, host, num_threads=threads, pack_w=attempt_pack, tile_search=opts.conv_tile_search
+                sch, info, host, num_threads=threads, pack_w=attempt_pack, tile_search=opts.conv_tile_search,
+                rc_block=opts.conv_rc_block,
             )
         except Exception:  # noqa: BLE001 - rule declined mid-way; the next rule gets a fresh copy
             ok = False
