@@ -208,7 +208,7 @@ def _eval_unary(op_name: str, xs: np.ndarray, target: tvm.target.Target) -> np.n
     from tvm import te
 
     a = te.placeholder((xs.size,), "float32", name="A")
-    fn = {"erf": te.erf, "tanh": te.tanh, "exp": te.exp}[op_name]
+    fn = {"erf": te.erf, "tanh": te.tanh, "exp": te.exp, "sigmoid": te.sigmoid}[op_name]
     b = te.compute((xs.size,), lambda i: fn(a[i]), name="B")
     func = approx.rewrite_fast_math(te.create_prim_func([a, b]))
     assert all(getattr(c.op, "name", "") != f"tirx.{op_name}" for c in calls_in(func.body))
@@ -218,13 +218,16 @@ def _eval_unary(op_name: str, xs: np.ndarray, target: tvm.target.Target) -> np.n
     return out.numpy()
 
 
-@pytest.mark.parametrize("op_name", ["erf", "tanh", "exp"])
+@pytest.mark.parametrize("op_name", ["erf", "tanh", "exp", "sigmoid"])
 def test_approximation_error_bounds(op_name: str, target: tvm.target.Target) -> None:
     if op_name == "exp":
         xs = np.linspace(-87.0, 88.0, 200_001, dtype="float32")
     else:
         xs = np.linspace(-10.0, 10.0, 200_001, dtype="float32")
-    ref = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp}[op_name](xs.astype(np.float64))
+    refs = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp, "sigmoid": scipy.special.expit}
+    if op_name == "sigmoid":
+        xs = np.linspace(-100.0, 100.0, 200_001, dtype="float32")
+    ref = refs[op_name](xs.astype(np.float64))
     got = _eval_unary(op_name, xs, target).astype(np.float64)
     if op_name == "exp":
         err = float(np.max(np.abs(got - ref) / ref))
@@ -235,7 +238,7 @@ def test_approximation_error_bounds(op_name: str, target: tvm.target.Target) -> 
     special = np.array([np.nan, np.inf, -np.inf, -200.0, 200.0, 0.0], dtype="float32")
     got_s = _eval_unary(op_name, special, target)
     with np.errstate(over="ignore"):
-        want = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp}[op_name](special)
+        want = refs[op_name](special)
     np.testing.assert_allclose(got_s, want, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
