@@ -130,6 +130,20 @@ def test_conv_tile_search(target: tvm.target.Target, kwargs: dict) -> None:
     assert not report.left_alone
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(c=16, hw=32, oc=96, k=1),       # MobileNet-style expansion: few input channels, wide rows
+    dict(c=24, hw=64, oc=36, k=1),       # oc 36: a 12- or 9-channel tile
+    dict(c=8, hw=32, oc=1000, k=1),
+])
+def test_pointwise_convs_use_the_row_vector_kernel(target: tvm.target.Target, kwargs: dict) -> None:
+    """1x1 stride-1 convs with whole-vector rows run as W[f, c] x X[c, row] (the epilogue reads rows,
+    not a channel-strided tile), with the BN/ReLU epilogue fused, and compute what ORT computes."""
+    report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
+    assert any(r.startswith("conv2d-1x1") for r in report.scheduled.values()), report.summary()
+    off, _ = _check(workloads.conv_bn_relu(**kwargs), target, options=CpuScheduleOptions(conv_pointwise=False))
+    assert not any(r.startswith("conv2d-1x1") for r in off.scheduled.values()), off.summary()
+
+
 def test_search_conv_tiles_shapes() -> None:
     from compiler.schedule.cpu_conv import ConvInfo, conv_tiles, search_conv_tiles
 

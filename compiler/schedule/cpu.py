@@ -20,7 +20,7 @@ from tvm import relax, s_tir, tirx
 
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
-from .cpu_conv import conv_tiles, match_conv2d, schedule_conv2d
+from .cpu_conv import conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
 from .cpu_matmul import choose_tiles, match_matmul, schedule_matmul
@@ -47,6 +47,8 @@ class CpuScheduleOptions:
     # Input channels split into L1-sized weight blocks, every column tile of a row reusing one block
     # before the next (cpu_conv.reduction_block).
     conv_rc_block: bool = True
+    # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
+    conv_pointwise: bool = True
     reduction: bool = True
     injective: bool = True
     parallel: bool = True
@@ -273,6 +275,20 @@ def _try_conv(
     infos = [i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
         return None
+    if opts.conv_pointwise and infos[0].pointwise and pointwise_tiles(infos[0], host) is not None:
+        mr = pointwise_tiles(infos[0], host)[0]  # type: ignore[index]
+        pw_pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, mr, infos[0].oc, host, sites) \
+            if opts.pack_weights else None
+        for attempt_pack in ((True, False) if pw_pack else (False,)):
+            sch = s_tir.Schedule(func)
+            info = next(i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None)
+            try:
+                ok = schedule_pointwise(sch, info, host, num_threads=threads, pack_w=attempt_pack)
+            except Exception:  # noqa: BLE001 - the channel-vector rule below gets a fresh copy
+                ok = False
+            if ok:
+                return sch.mod["main"], "conv2d-1x1+packed" if attempt_pack else "conv2d-1x1", \
+                    (pw_pack if attempt_pack else None)
     pack = None
     if opts.pack_weights:
         _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)

@@ -35,6 +35,7 @@ class ConvInfo:
     ow: int | None
     ic: int | None = None           # reduction extent over input channels (per group)
     kernel_area: int | None = None  # kh * kw
+    pointwise: bool = False         # 1x1, stride 1, unpadded: O[n, f, y, x] += I[n, rc, y, x] * W[f, rc, 0, 0]
 
 
 def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
@@ -64,6 +65,9 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
         if w_vars is None or len(w_vars) != 4:
             continue
         pos = [var_pos.get(v) for v in w_vars]
+        unit = {iv.var for iv in ivs if int_or_none(iv.dom.extent) == 1}
+        d_pos = [_unit_stride_pos(e, var_pos, unit) for e in d.indices]
+        pointwise = d_pos == [0, 4, 2, 3]
         if pos == [1, 4, 5, 6]:
             return ConvInfo(
                 block=block_rv,
@@ -78,7 +82,22 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
                 ow=int_or_none(ivs[3].dom.extent),
                 ic=int_or_none(ivs[4].dom.extent),
                 kernel_area=_area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)),
+                pointwise=pointwise and _area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)) == 1,
             )
+    return None
+
+
+def _unit_stride_pos(expr: object, var_pos: dict, unit: set) -> int | None:
+    """The iterator position an index reads with stride 1 (`y`, `y + ry` with ry of extent 1, `y * 1`),
+    else None: how a 1x1 stride-1 conv indexes its input, padded or not."""
+    if isinstance(expr, tirx.Var):
+        return var_pos.get(expr)
+    if isinstance(expr, tirx.Add):
+        for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
+            if isinstance(b, tirx.Var) and b in unit or isinstance(b, tirx.IntImm) and b.value == 0:
+                return _unit_stride_pos(a, var_pos, unit)
+    if isinstance(expr, tirx.Mul) and isinstance(expr.b, tirx.IntImm) and expr.b.value == 1:
+        return _unit_stride_pos(expr.a, var_pos, unit)
     return None
 
 
@@ -215,6 +234,78 @@ def schedule_conv2d(
     for prod in producers:
         schedule_spatial_block(sch, sch.get_sblock(prod), host, num_threads=num_threads)
     init = sch.decompose_reduction(conv, rco if rcb is not None else rc)
+    iloops = sch.get_loops(init)
+    if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
+        sch.vectorize(iloops[-1])
+    return True
+
+
+# ----------------------------------------------------------------------------- pointwise (1x1) convs
+
+#: Vector registers the pointwise tile may hold as accumulators.
+POINTWISE_ACC_SHARE = 0.75
+
+
+def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
+    """(mr output channels, nr output columns) for the pointwise kernel, or None when the row width has
+    no usable divisor. nr runs along the contiguous output row (1-2 vectors), mr channels are broadcast."""
+    oc, ow = info.oc, info.ow
+    if oc is None or ow is None:
+        return None
+    lanes = host.fp32_lanes
+    # Whole vectors, or one row filling most of a vector (14 of 16 lanes: one masked vector). Odd
+    # multi-vector widths (28 = 16 + 8 + 4 lanes) split every accumulator into pieces and spill (56- and
+    # 28-wide rows ran at 8-18 GFLOP/s), and 7 of 16 lanes wastes half the machine (1.25-1.47x slower
+    # than the channel-vector kernel at 7x7): those stay with it. Measured interleaved (Zen4, 2 threads):
+    # 112-wide 0.31-0.93x and 14-wide 0.83-0.96x of the channel-vector kernel's time.
+    nr = next((c for c in (2 * lanes, lanes) if ow % c == 0), ow if lanes * 3 // 4 <= ow <= lanes else None)
+    if nr is None:
+        return None
+    vectors = -(-nr // lanes)
+    budget = max(1, int(host.vector_registers * POINTWISE_ACC_SHARE) // vectors)
+    mr = next((m for m in range(min(budget, oc), 1, -1) if oc % m == 0), None)
+    return (mr, nr) if mr else None
+
+
+def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, num_threads: int,
+                       pack_w: bool = False) -> bool:
+    """A 1x1 conv as the GEMM ``O[f, p] = W[f, c] X[c, p]`` on NCHW: the output row is the vector axis.
+
+    Why: the channel-vector tile of :func:`schedule_conv2d` leaves its accumulators channel-innermost,
+    so the epilogue reads them back with a stride of ``nr`` (a gather per output) and writes NCHW; with
+    few input channels (MobileNet/EfficientNet expansions: 16 -> 96 at 112x112) that epilogue, not the
+    16-step reduction, is the kernel's time (69 GFLOP/s, 34% of sgemm). Here the tile is ``mr``
+    channels x ``nr`` columns of one output row: one contiguous input load per (channel, vector),
+    ``mr`` broadcast weights (packed ``[OC/mr, IC, 1, 1, mr]`` so they are adjacent), and the epilogue
+    reads and writes whole rows."""
+    tiles = pointwise_tiles(info, host)
+    if tiles is None or not info.pointwise:
+        return False
+    mr, nr = tiles
+    conv = info.block
+    name = sch.get(conv).name_hint
+    blocks = try_inline_all(sch, keep=[conv])
+    conv = sch.get_sblock(name)
+    others = [b for b in blocks if sch.get(b).name_hint != name]
+    if len(others) > 1:
+        return False
+    epilogue = others[0] if others else sch.cache_write(conv, 0, "global")
+    if not loops_match_iters(sch, conv):
+        return False
+    n, f, y, x, rc, ry, rx = sch.get_loops(conv)
+    fo, fi = sch.split(f, [None, mr])
+    xo, xi = sch.split(x, [None, nr])
+    sch.reorder(n, fo, y, xo, rc, ry, rx, fi, xi)
+    sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
+    if pack_w:
+        pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
+    if num_threads > 1:
+        sch.parallel(sch.fuse(n, fo, y, xo))
+    sch.unroll(fi)
+    sch.vectorize(xi)
+    eloops = sch.get_loops(epilogue)
+    sch.vectorize(eloops[-1])
+    init = sch.decompose_reduction(conv, rc)
     iloops = sch.get_loops(init)
     if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
         sch.vectorize(iloops[-1])
