@@ -107,6 +107,10 @@ def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.ta
     rules = set(report.scheduled.values())
     assert rules & {"depthwise-conv2d", "conv2d-row", "conv2d+packed", "conv2d"}, report.summary()
     assert not rules & {"row-reduction", "reduction"}, report.summary()
+    if kwargs.get("group") == kwargs["c"]:
+        # the depthwise rule itself, not a fallback after it raised (a swallowed AttributeError once
+        # sent every depthwise conv to the dense kernel, 3-7x slower, with every output still right)
+        assert "depthwise-conv2d" in rules, report.summary()
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,8 @@ class CpuScheduleOptions:
     conv_rc_block: bool = True
     # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
     conv_pointwise: bool = True
+    # Stride-2 depthwise convs read a de-interleaved padded plane (even columns, then odd): contiguous taps.
+    depthwise_deinterleave: bool = True
     reduction: bool = True
     injective: bool = True
     parallel: bool = True
@@ -182,7 +184,7 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
-        res = _try_depthwise(func, host, threads)
+        res = _try_depthwise(func, host, threads, deinterleave=opts.depthwise_deinterleave)
         if res is not None:
             return res
         res = _try_conv(func, host, opts, threads, sites)
@@ -250,14 +252,14 @@ def _try_matmul(
     return None
 
 
-def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int,
-                   any_conv: bool = False) -> tuple[tirx.PrimFunc, str, None] | None:
+def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int, any_conv: bool = False,
+                   deinterleave: bool = True) -> tuple[tirx.PrimFunc, str, None] | None:
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_depthwise(sch, b, any_conv=any_conv) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
         return None
     try:
-        ok = schedule_depthwise(sch, infos[0], host, num_threads=threads)
+        ok = schedule_depthwise(sch, infos[0], host, num_threads=threads, deinterleave=deinterleave)
     except Exception:  # noqa: BLE001 - a form the rule does not take: the dense conv rule gets a fresh copy
         ok = False
     rule = "depthwise-conv2d" if infos[0].depthwise else ("conv2d-row" if any_conv else "grouped-conv2d")
