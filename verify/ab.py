@@ -207,8 +207,9 @@ def decide(name: str, runs: list[dict[str, list[float]]], policy: GatePolicy,
             runs.append(extra)
             rounds += 1
             continue
-        note = "; ".join(x for x in (result.note, f"{len(runs)} fresh process(es), base and candidate interleaved")
-                         if x)
+        own = result.note.replace("improvement: update the baseline so later regressions are measured from here",
+                                  "the candidate is faster")   # no stored baseline to update in an A/B run
+        note = "; ".join(x for x in (own, f"{len(runs)} fresh process(es), base and candidate interleaved") if x)
         return replace(result, normalised=True, note=note)
 
 
