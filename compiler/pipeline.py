@@ -115,6 +115,9 @@ class CompiledModel:
     output_names: list[str]
     compile_s: float
     lowered: tvm.IRModule | None = None      # the module handed to codegen (for inspection)
+    cache_hit: bool = False                  # served from the build cache (compiler/cache.py)
+    library_path: str | None = None          # the exported library, when one exists on disk
+    load_s: float = 0.0                      # time to load a cached build
     _vm: Any = field(default=None, repr=False)
 
     def device(self) -> tvm.runtime.Device:

@@ -72,6 +72,16 @@ class FusionReport:
             "decisions": [d.to_dict() for d in self.decisions],
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "FusionReport":
+        """The inverse of `to_dict` (the build cache stores reports as JSON)."""
+        known = {f for f in cls.__dataclass_fields__}
+        plain = {k: v for k, v in d.items() if k in known and k not in ("groups", "decisions")}
+        rep = cls(**plain)
+        rep.groups = [FusedGroup(**g) for g in d.get("groups", [])]
+        rep.decisions = [Decision(**x) for x in d.get("decisions", [])]
+        return rep
+
     def render(self, *, max_rows: int = 200) -> "object":
         from rich.table import Table
 

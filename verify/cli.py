@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fresh timing processes to start with (default 4, half of them loading the candidate "
                          "first; up to 8 while unclear)")
     ga.add_argument("--factor", type=_factor, default=1.10, help="slowdown that fails (default 1.10)")
-    ga.add_argument("--cache-dir", default=None, metavar="DIR",
-                    help="where base trees are materialised (default: FUSEGUARD_CACHE_DIR or ~/.cache/fuseguard)")
     ga.add_argument("--json", default=None, metavar="FILE", help="write the verdicts as JSON")
+
+    ca = sub.add_parser("cache", help="the build cache: info (entries, size, where) or clear")
+    ca.add_argument("action", choices=["info", "clear"])
+    ca.add_argument("--cache-dir", default=None, metavar="DIR", help="default: FUSEGUARD_CACHE_DIR or ~/.cache/fuseguard")
 
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
@@ -291,7 +293,7 @@ def _row(verdict) -> tuple[str, ...]:
     groups = "-" if verdict.fused.error else f"{verdict.fused.groups} ({verdict.fused.pattern_groups} pattern)"
 
     def secs(build) -> str:
-        return "-" if build.error else f"{build.compile_s:.1f}"
+        return "-" if build.error else "cached" if build.cached else f"{build.compile_s:.1f}"
 
     model = verdict.model
     if verdict.fused.report.get("imported_via", "onnx") != "onnx" or \
@@ -601,8 +603,7 @@ def _gate(args: argparse.Namespace) -> int:
     if rev is None:
         raise UsageError("no base revision: pass --base REV (this is not a git checkout with history)")
     commit = ab.resolve_commit(rev)
-    cache = Path(args.cache_dir) if args.cache_dir else None
-    base_tree = ab.materialize(commit, cache=cache)
+    base_tree = ab.materialize(commit)
     threads = args.threads or host_cores()
     env = {**env_for(args.plugin), **timing_env(threads)}
     sources = _sources(args) if args.models else [latency_spec(n) for n in LATENCY_SET]
@@ -632,6 +633,19 @@ def _gate(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from compiler.cache import BuildCache
+
+    cache = BuildCache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} build(s) from {cache.dir}")
+        return EXIT_OK
+    info = cache.info()
+    print(f"{info['directory']}: {info['entries']} build(s), {info['bytes'] / 2**20:.1f} MiB "
+          f"(cap {info['max_bytes'] / 2**20:.0f} MiB, least recently used go first)")
+    return EXIT_OK
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -649,8 +663,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
-               "tune": _tune, "conformance": _conformance, "gate": _gate,
+               "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache,
                "bisect": run_bisect}[args.command]
+    from .options import apply_cache_options, getter
+
+    apply_cache_options(getter(args))
     try:
         return handler(args)
     except FuseguardError as err:

@@ -17,8 +17,9 @@ import onnx
 from compiler.errors import FuseguardError, InputError, ModelError, UsageError
 from compiler.onnx_loader import LoadedModel, error_line, load
 from compiler import progress
+from compiler.cache import compile_cached
 from compiler.plugins import load_env_plugins
-from compiler.pipeline import CompileOptions, CompiledModel, compile_model
+from compiler.pipeline import CompileOptions, CompiledModel
 from compiler.target import cuda_device_present, resolve
 
 from .compare import CompareResult, Tolerance, compare_outputs
@@ -89,6 +90,7 @@ class BuildResult:
     error: str | None = None
     traceback: str | None = None    # the worker-side traceback of `error` (shown with --debug)
     report: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False            # served from the build cache (compile_s is then the original build's)
 
     @property
     def passed(self) -> bool:
@@ -169,7 +171,7 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
     result = BuildResult(config=config)
     try:
         with progress.scope(f"compile {config}"):
-            compiled = compile_model(loaded, options=options)
+            compiled = compile_cached(loaded, options)
     except FuseguardError as err:
         if err.exit_code == 2:
             raise
@@ -180,6 +182,7 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
         return result, None
     rep = compiled.report
     result.compile_s, result.kernels = compiled.compile_s, rep.kernels
+    result.cached = compiled.cache_hit
     result.groups, result.pattern_groups = len(rep.groups), len(rep.pattern_groups)
     result.report = rep.to_dict()
     if reference is not None:

@@ -68,8 +68,8 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
     """Time the compiled model and its reference, interleaved (runs in a worker; builds are cached)."""
     import onnxruntime as ort
 
+    from compiler.cache import compile_cached
     from compiler.onnx_loader import load
-    from compiler.pipeline import compile_model
     from compiler.plugins import load_env_plugins
     from compiler.target import resolve
 
@@ -83,7 +83,7 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
         model = source.build() if isinstance(source, SuiteSpec) else source
         loaded = load(model, shapes, name=label)
         inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
-        built = compile_model(loaded, options=options)
+        built = compile_cached(loaded, options)
         spec = resolve(options.gpu_arch, options.mcpu)
         threads = threads or int(os.environ.get("TVM_NUM_THREADS", "0")) or spec.num_cores or 1
         if spec.is_gpu:

@@ -21,7 +21,7 @@ AddOption = Callable[..., Any]
 #: pytest spelling prefix; `--plugin`/`--timeout`/`--debug` exist only prefixed there (pytest-timeout
 #: owns `--timeout`, and `--debug` is pytest's own).
 PYTEST_PREFIX = "fuseguard-"
-_PREFIX_ONLY = {"plugin", "timeout", "debug"}
+_PREFIX_ONLY = {"plugin", "timeout", "debug", "no-cache", "cache-dir"}
 
 #: Per-model limit for compile + run in the worker. DenseNet-121 builds in ~30 s per side here; 900 s
 #: leaves room for a 2-core machine under load. Bisection runs 2-6 builds, so it gets twice as much.
@@ -82,6 +82,11 @@ def add_build_options(addoption: AddOption, prefix: str = "", *, timeout: float 
          help="import a Python module that registers fusion patterns or passes (repeatable)")
     _add(addoption, prefix, "timeout", type=_positive_float, default=timeout, metavar="S",
          help=f"limit for the work on one model in its worker process (default {timeout:g} s)")
+    _add(addoption, prefix, "no-cache", action="store_true", default=False,
+         help="compile everything anew: neither read nor write the build cache (FUSEGUARD_NO_CACHE=1)")
+    _add(addoption, prefix, "cache-dir", default=None, metavar="DIR",
+         help="build cache and materialised base revisions (default: FUSEGUARD_CACHE_DIR, else "
+              "~/.cache/fuseguard)")
     if debug:
         _add(addoption, prefix, "debug", action="store_true", default=False,
              help="show tracebacks (from the worker too)")
@@ -125,6 +130,18 @@ def compile_options(get: Callable[[str], Any]) -> Any:
     return CompileOptions(gpu_arch=get("gpu-arch"), mcpu=get("mcpu"), fusion=not get("no-fusion"),
                           disabled_patterns=frozenset(get("disable-pattern") or ()),
                           schedule=not get("no-schedule"))
+
+
+def apply_cache_options(get: Callable[[str], Any]) -> None:
+    """`--no-cache` / `--cache-dir` as the environment the workers inherit (compiler/cache.py reads it)."""
+    import os
+
+    from compiler.cache import ENV_DIR, ENV_OFF
+
+    if get("no-cache"):
+        os.environ[ENV_OFF] = "1"
+    if get("cache-dir"):
+        os.environ[ENV_DIR] = os.path.abspath(get("cache-dir"))
 
 
 def tolerances(atol: float | None, rtol: float | None) -> Mapping[str, Any] | None:

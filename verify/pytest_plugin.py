@@ -50,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .options import PYTEST_PREFIX, apply_cache_options, getter
+
+    apply_cache_options(getter(config=config, prefix=PYTEST_PREFIX))
     config.addinivalue_line("markers", "gpu: needs a CUDA device to run (compiles anywhere)")
     config.addinivalue_line("markers", "slow: a large real model")
     config.addinivalue_line("markers", "conformance_full: all 1884 ONNX node cases; deselected unless "
