@@ -56,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     v.add_argument("--report", action="store_true", help="print each build's fusion report")
     v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
+    v.add_argument("--artifact", action="append", default=[], metavar="DIR",
+                   help="re-verify a build written by `fuseguard compile --out DIR` without compiling "
+                        "(repeatable; the models and build options are then ignored)")
+
+    cp = sub.add_parser("compile", help="write the deployable fused build per architecture, verified, with a "
+                                        "manifest (versions, decisions, verdict)")
+    cp.add_argument("models", nargs="+", metavar="MODEL", help="ONNX files or suite model names")
+    _add_build_options(cp)
+    cp.add_argument("--out", required=True, metavar="DIR", help="DIR/<arch class>/ gets model.so, model.onnx, "
+                    "manifest.json (one model: DIR itself; several: DIR/<model>/...)")
+    cp.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
 
     b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
     b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
@@ -137,8 +148,74 @@ def _options(args: argparse.Namespace):
     return compile_options(getter(args))
 
 
+def _compile(args: argparse.Namespace) -> int:
+    from compiler.onnx_loader import parse_shape_spec
+    from compiler.plugins import env_for, load_plugins
+
+    from .core import SuiteSpec
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    sources = _sources(args)
+    worst = EXIT_OK
+    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+        for source in sources:
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            out = Path(args.out) if len(sources) == 1 else Path(args.out) / Path(label).stem
+            try:
+                done = worker.call("verify.artifact:write_artifact", what=f"compiling {label} for release",
+                                   timeout=args.timeout, source=source, out_dir=str(out), options=options,
+                                   shapes=shapes if not isinstance(source, SuiteSpec) else None, seed=args.seed)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            err = done["max_abs_error"]
+            print(f"{label}: wrote {done['directory']} ({'verified' if done['passed'] else 'VERIFICATION FAILED'}"
+                  f" against ONNX Runtime, max err {err:.2e})" if err is not None else
+                  f"{label}: wrote {done['directory']}")
+            if not done["passed"]:
+                worst = max(worst, EXIT_MISMATCH)
+    return worst
+
+
+def _verify_artifacts(args: argparse.Namespace) -> int:
+    from .artifact import ArtifactVerdict
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    worst = EXIT_OK
+    with Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) as worker:
+        for directory in args.artifact:
+            try:
+                d = worker.call("verify.artifact:verify_artifact", what=f"re-verifying {directory}",
+                                timeout=args.timeout, directory=directory)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {directory}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            verdict = ArtifactVerdict(**d)
+            print(verdict.line())
+            if not verdict:
+                print(f"fuseguard: mismatch: {verdict.summary}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+    return worst
+
+
 def _verify(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    if args.artifact:
+        return _verify_artifacts(args)
 
     from compiler.onnx_loader import parse_shape_spec
 
@@ -663,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
-               "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache,
+               "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache, "compile": _compile,
                "bisect": run_bisect}[args.command]
     from .options import apply_cache_options, getter
 
