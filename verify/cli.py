@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--output-tol", action="append", default=[], metavar="NAME=ATOL[,RTOL]",
                    help="tolerance for one output, e.g. logits=1e-3,1e-3 (repeatable)")
     v.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    v.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML report (verdicts, "
+                   "error statistics and plots per output, fusion groups and their reasons, memory traffic)")
     v.add_argument("--report", action="store_true", help="print each build's fusion report")
     v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
     v.add_argument("--artifact", action="append", default=[], metavar="DIR",
@@ -307,6 +309,13 @@ def _verify(args: argparse.Namespace) -> int:
 
         atomic_write_json(args.json, {"target": options.gpu_arch or "cpu", "config": options.config_label,
                                       "models": results})
+    if args.html:
+        from .atomic import atomic_write_text
+        from .html import render_verify
+
+        atomic_write_text(args.html, render_verify(results, title="fuseguard verify",
+                                                   target=f"{options.gpu_arch or 'cpu'} ({options.config_label})"))
+        print(f"wrote {args.html}", file=sys.stderr)
     return worst
 
 

@@ -1,0 +1,58 @@
+"""`fuseguard verify --html`: one self-contained, well-formed page with the verdicts, stats, plots, groups."""
+
+from __future__ import annotations
+
+import base64
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from verify.cli import main
+
+VOID = {"img", "meta", "br", "hr", "input", "link"}
+
+
+class _Checker(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        for key, value in attrs:
+            if key in ("src", "href") and value and not value.startswith(("data:", "#")):
+                self.external.append(value)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def test_html_report_of_a_real_run(tmp_path: Path) -> None:
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(8, np.float32), "b")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["a"]),
+                           helper.make_node("Relu", ["a"], ["z"])],
+                          "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 8])], [w, b])
+    model = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), model)
+    page = tmp_path / "report.html"
+    assert main(["verify", str(model), "--html", str(page)]) == 0
+    text = page.read_text()
+    checker = _Checker()
+    checker.feed(text)
+    assert not checker.errors and not checker.stack, (checker.errors, checker.stack)
+    assert not checker.external, checker.external             # self-contained: nothing to fetch
+    assert "tiny" in text and "PASS" in text and "max |err|" in text and "fusion groups" in text
+    images = re.findall(r"src='data:image/png;base64,([^']+)'", text)
+    assert images and all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
