@@ -293,7 +293,7 @@ def _verify(args: argparse.Namespace) -> int:
                 code = EXIT_MISMATCH
             else:
                 continue
-            progress.done(label, "ERROR", f"during {progress.last_stage()}")
+            # The error line below is this model's one line (docs/bad-inputs.md): no progress line too.
             print(f"fuseguard: error: {message}", file=sys.stderr)
             worst = max(worst, code)
             results.append({"model": label, "source": str(getattr(source, "name", source)), "status": "ERROR",
