@@ -130,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--processes", type=int, default=4, metavar="N",
                     help="fresh timing processes to start with (default 4, half of them loading the candidate "
                          "first; up to 8 while unclear)")
-    ga.add_argument("--factor", type=_factor, default=1.10, help="slowdown that fails (default 1.10)")
+    from .options import slowdown_factor
+
+    ga.add_argument("--factor", type=slowdown_factor, default=1.10, help="slowdown that fails (default 1.10)")
     ga.add_argument("--json", default=None, metavar="FILE", help="write the verdicts as JSON")
 
     ca = sub.add_parser("cache", help="the build cache: info (entries, size, where) or clear")
@@ -155,62 +157,48 @@ def _compile(args: argparse.Namespace) -> int:
     from compiler.plugins import env_for, load_plugins
 
     from .core import SuiteSpec
-    from .worker import Worker, WorkerFailure, WorkerTaskError
+    from .worker import Worker
 
     load_plugins(args.plugin)
     options = _options(args)
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     sources = _sources(args)
-    worst = EXIT_OK
+    args.worst = EXIT_OK
     with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
         for source in sources:
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             out = Path(args.out) if len(sources) == 1 else Path(args.out) / Path(label).stem
-            try:
-                done = worker.call("verify.artifact:write_artifact", what=f"compiling {label} for release",
-                                   timeout=args.timeout, source=source, out_dir=str(out), options=options,
-                                   shapes=shapes if not isinstance(source, SuiteSpec) else None, seed=args.seed)
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
+            done = _call_one(args, worker, "verify.artifact:write_artifact", label, f"compiling {label} for release",
+                             source=source, out_dir=str(out), options=options, seed=args.seed,
+                             shapes=shapes if not isinstance(source, SuiteSpec) else None)
+            if done is _FAILED:
                 continue
             err = done["max_abs_error"]
             print(f"{label}: wrote {done['directory']} ({'verified' if done['passed'] else 'VERIFICATION FAILED'}"
                   f" against ONNX Runtime, max err {err:.2e})" if err is not None else
                   f"{label}: wrote {done['directory']}")
             if not done["passed"]:
-                worst = max(worst, EXIT_MISMATCH)
-    return worst
+                args.worst = max(args.worst, EXIT_MISMATCH)
+    return args.worst
 
 
 def _verify_artifacts(args: argparse.Namespace) -> int:
     from .artifact import ArtifactVerdict
-    from .worker import Worker, WorkerFailure, WorkerTaskError
+    from .worker import Worker
 
-    worst = EXIT_OK
+    args.worst = EXIT_OK
     with Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) as worker:
         for directory in args.artifact:
-            try:
-                d = worker.call("verify.artifact:verify_artifact", what=f"re-verifying {directory}",
-                                timeout=args.timeout, directory=directory)
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {directory}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
+            d = _call_one(args, worker, "verify.artifact:verify_artifact", directory, f"re-verifying {directory}",
+                          directory=directory)
+            if d is _FAILED:
                 continue
             verdict = ArtifactVerdict(**d)
             print(verdict.line())
             if not verdict:
                 print(f"fuseguard: mismatch: {verdict.summary}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
-    return worst
+                args.worst = max(args.worst, EXIT_MISMATCH)
+    return args.worst
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -547,6 +535,25 @@ def _baseline(args: argparse.Namespace) -> int:
     return worst
 
 
+_FAILED = object()
+
+
+def _call_one(args: argparse.Namespace, worker: Any, task: str, label: str, what: str, **kwargs: Any) -> Any:
+    """`worker.call(task)` for one model; a failure is reported in one line, lands in `args.worst`, and
+    returns `_FAILED`."""
+    from .worker import WorkerFailure, WorkerTaskError
+
+    try:
+        return worker.call(task, what=what, timeout=args.timeout, **kwargs)
+    except FuseguardError as err:
+        print(f"fuseguard: error: {err}", file=sys.stderr)
+        args.worst = max(getattr(args, "worst", EXIT_OK), err.exit_code)
+    except (WorkerFailure, WorkerTaskError) as err:
+        print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+        args.worst = max(getattr(args, "worst", EXIT_OK), EXIT_MISMATCH)
+    return _FAILED
+
+
 def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
                 **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """Run `task` in `worker` for every MODEL argument; yield (source, result) for the ones that ran and
@@ -554,23 +561,14 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
     from compiler.onnx_loader import parse_shape_spec
 
     from .core import SuiteSpec
-    from .worker import WorkerFailure, WorkerTaskError
 
     shapes = dict(parse_shape_spec(s) for s in getattr(args, "shape", []))
     for source in _sources(args):
         label = source.label if isinstance(source, SuiteSpec) else str(source)
-        try:
-            result = worker.call(task, what=f"{verb} {label}", timeout=args.timeout, source=source,
-                                 shapes=shapes if not isinstance(source, SuiteSpec) else None, **kwargs)
-        except FuseguardError as err:
-            print(f"fuseguard: error: {err}", file=sys.stderr)
-            args.worst = max(args.worst, err.exit_code)
-            continue
-        except (WorkerFailure, WorkerTaskError) as err:
-            print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-            args.worst = max(args.worst, EXIT_MISMATCH)
-            continue
-        yield source, result
+        result = _call_one(args, worker, task, label, f"{verb} {label}", source=source,
+                           shapes=shapes if not isinstance(source, SuiteSpec) else None, **kwargs)
+        if result is not _FAILED:
+            yield source, result
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -653,16 +651,6 @@ def _conformance(args: argparse.Namespace) -> int:
 
         atomic_write_json(args.json, report.to_dict())
     return EXIT_OK if report else EXIT_MISMATCH
-
-
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 1:
-        raise argparse.ArgumentTypeError(f"the factor must be > 1 (a slowdown ratio), got {text}")
-    return value
 
 
 def _gate(args: argparse.Namespace) -> int:

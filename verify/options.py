@@ -29,24 +29,27 @@ DEFAULT_TIMEOUT_S = 900.0
 BISECT_TIMEOUT_S = 1800.0
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str, ok: Callable[[float], bool], want: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, lambda v: v > 0, "a number > 0")
+
+
+def slowdown_factor(text: str) -> float:
+    """A gate's factor: a slowdown ratio, so > 1."""
+    return _number(text, lambda v: v > 1, "a slowdown ratio > 1")
 
 
 def _tolerance_value(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+    return _number(text, lambda v: v == v and v >= 0, "a number >= 0")
 
 
 def _names(name: str, prefix: str) -> list[str]:

@@ -18,7 +18,8 @@ from tvm.s_tir.schedule import SBlockRV
 from ..hostcpu import HostCPU
 from .cpu_elementwise import schedule_spatial_block
 from .packing import pack_param_layout
-from .tir_analysis import REDUCE, BufferLoad, int_or_none, loops_match_iters, simple_index_vars, try_inline_all
+from .tir_analysis import (REDUCE, BufferLoad, inline_around, int_or_none, loops_match_iters, simple_index_vars,
+                           try_inline_all)
 
 
 @dataclass(frozen=True)
@@ -282,14 +283,11 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
     if tiles is None or not info.pointwise:
         return False
     mr, nr = tiles
-    conv = info.block
-    name = sch.get(conv).name_hint
-    blocks = try_inline_all(sch, keep=[conv])
-    conv = sch.get_sblock(name)
-    others = [b for b in blocks if sch.get(b).name_hint != name]
-    if len(others) > 1:
+    around = inline_around(sch, info.block)
+    if around is None:
         return False
-    epilogue = others[0] if others else sch.cache_write(conv, 0, "global")
+    conv, epilogue = around
+    epilogue = epilogue or sch.cache_write(conv, 0, "global")
     if not loops_match_iters(sch, conv):
         return False
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)

@@ -18,7 +18,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
 from .packing import pack_param_layout
-from .tir_analysis import REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all
+from .tir_analysis import REDUCE, BufferLoad, inline_around, int_or_none, loads_in, loops_match_iters, simple_index_vars
 
 
 @dataclass(frozen=True)
@@ -145,15 +145,11 @@ def schedule_matmul(
 ) -> bool:
     """Apply the register-tiled schedule; ``pack_b`` also rewrites B's parameter layout to panels."""
     tiles = tiles or choose_tiles(info, host)
-    mm = info.block
-    name = sch.get(mm).name_hint
     # Inline producers (transposes, pads) and the elementwise chain after the matmul; keep the matmul.
-    blocks = try_inline_all(sch, keep=[mm])
-    mm = sch.get_sblock(name)
-    consumers = [b for b in blocks if sch.get(b).name_hint != name]
-    if len(consumers) > 1:
+    around = inline_around(sch, info.block)
+    if around is None:
         return False
-    epilogue = consumers[0] if consumers else None
+    mm, epilogue = around
     if epilogue is None:
         # Accumulate into a tile-local buffer; writing the output in place per k-step would go to memory.
         epilogue = sch.cache_write(mm, 0, "global")

@@ -163,3 +163,15 @@ def executed_block_instances(func: tirx.PrimFunc) -> int | None:
         return visit(body, mult) if body is not None else True
 
     return total if visit(func.body, 1) else None
+
+
+def inline_around(sch: s_tir.Schedule, block: SBlockRV) -> tuple[SBlockRV, SBlockRV | None] | None:
+    """Inline producers and the elementwise chain after `block`, keeping it: (block, its one epilogue or
+    None); None when more than one other block survives (no single-output tile can carry them)."""
+    name = sch.get(block).name_hint
+    blocks = try_inline_all(sch, keep=[block])
+    kept = sch.get_sblock(name)
+    others = [b for b in blocks if sch.get(b).name_hint != name]
+    if len(others) > 1:
+        return None
+    return kept, (others[0] if others else None)
