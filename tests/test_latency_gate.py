@@ -48,6 +48,15 @@ def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
     same = run_pytest("--baseline-dir", str(tmp_path))
     assert same.returncode == 0, same.stdout
 
+    # The key names the model; the metadata knows its bytes: another model under the same key is said.
+    recorded = entry["metadata"]["model_sha256"]
+    assert len(recorded) == 64
+    entry["metadata"]["model_sha256"] = "0" * 64
+    path.write_text(json.dumps(doc))
+    changed = run_pytest("--baseline-dir", str(tmp_path))
+    assert changed.returncode == 0 and "model changed since the baseline" in changed.stdout, changed.stdout
+    entry["metadata"]["model_sha256"] = recorded
+
     # Make the baseline twice as fast as what this build really does: the gate must call it a regression.
     for field in ("samples_ms",):
         entry[field] = [v / 2 for v in entry[field]]

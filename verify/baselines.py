@@ -50,6 +50,8 @@ _ENTRY_FIELDS = {"median_ms", "iqr_ms", "n", "samples_ms", "reference_median_ms"
 _ENTRY_REQUIRED = _ENTRY_FIELDS - {"reference_samples_ms"}
 _META_FIELDS = {"device", "driver", "cuda", "tvm_version", "fuseguard_version", "git_commit", "date", "threads",
                 "reference_kind"}
+#: Metadata fields later schema revisions added: optional, so older files stay valid.
+_META_OPTIONAL = {"model_sha256"}
 
 
 # ----------------------------------------------------------------------------------------------- naming
@@ -136,18 +138,22 @@ class Metadata:
     git_commit: str | None = None
     threads: int | None = None
     reference_kind: str | None = None
+    #: the measured model's bytes (ONNX, as compiled): a different model under the same key is caught
+    model_sha256: str | None = None
 
     @classmethod
     def collect(cls, device: str, *, threads: int | None, reference_kind: str | None,
-                driver: str | None = None, cuda: str | None = None) -> Metadata:
+                driver: str | None = None, cuda: str | None = None, model_sha256: str | None = None) -> Metadata:
         """Metadata for a measurement made now, in this checkout, with the installed TVM and fuseguard."""
         return cls(device=device, driver=driver, cuda=cuda, tvm_version=_dist_version("apache-tvm"),
                    fuseguard_version=_dist_version("fuseguard"), git_commit=_git_commit(),
                    date=datetime.now(timezone.utc).isoformat(timespec="seconds"), threads=threads,
-                   reference_kind=reference_kind)
+                   reference_kind=reference_kind, model_sha256=model_sha256)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in sorted(_META_FIELDS)}
+        out = {name: getattr(self, name) for name in sorted(_META_FIELDS)}
+        out.update({name: getattr(self, name) for name in sorted(_META_OPTIONAL) if getattr(self, name) is not None})
+        return out
 
 
 def _keep(samples: Sequence[float], cap: int = MAX_SAMPLES) -> tuple[float, ...]:
@@ -231,7 +237,7 @@ class Entry:
                    reference_median_ms=None if raw["reference_median_ms"] is None
                    else float(raw["reference_median_ms"]),
                    normalised=None if raw["normalised"] is None else float(raw["normalised"]),
-                   metadata=Metadata(**{k: raw["metadata"][k] for k in _META_FIELDS}),
+                   metadata=Metadata(**{k: raw["metadata"].get(k) for k in _META_FIELDS | _META_OPTIONAL}),
                    reference_samples_ms=None if ref is None else tuple(float(v) for v in ref))
 
 
@@ -317,8 +323,11 @@ def _check_entry(key: Any, entry: Any, problems: list[str], where: str) -> None:
         return
     for name in sorted(_META_FIELDS - meta.keys()):
         problems.append(f"{at}: metadata is missing '{name}'")
-    for name in sorted(meta.keys() - _META_FIELDS):
+    for name in sorted(meta.keys() - _META_FIELDS - _META_OPTIONAL):
         problems.append(f"{at}: metadata has unknown field '{name}'")
+    if meta.get("model_sha256") is not None and not (isinstance(meta["model_sha256"], str)
+                                                     and re.fullmatch(r"[0-9a-f]{64}", meta["model_sha256"])):
+        problems.append(f"{at}: metadata.model_sha256 must be a hex digest or null, got {_show(meta['model_sha256'])}")
     for name in ("device", "tvm_version", "fuseguard_version", "date"):
         if name in meta and not (isinstance(meta[name], str) and meta[name].strip()):
             problems.append(f"{at}: metadata.{name} must be a non-empty string, got {_show(meta[name])}")

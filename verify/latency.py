@@ -39,6 +39,7 @@ class LatencyRun:
     candidate: Samples
     reference: Samples
     foreign_load: float | None = None   # share of the machine others used while we measured
+    model_sha256: str | None = None     # of the ONNX model as compiled (the baseline records it)
 
 
 def _calibration_kernel(spec):
@@ -101,9 +102,12 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
     with ForeignLoad() as load_meter:
         samples = measure_interleaved({"candidate": candidate, "reference": reference}, warmup=warmup,
                                       repeats=repeats, threads=threads, sync=sync)
+    import hashlib
+
     return LatencyRun(model=loaded.name, shapes=dict(loaded.input_shapes), device=device, threads=threads,
                       reference_kind=kind, candidate=samples["candidate"], reference=samples["reference"],
-                      foreign_load=load_meter.fraction)
+                      foreign_load=load_meter.fraction,
+                      model_sha256=hashlib.sha256(loaded.model.SerializeToString()).hexdigest())
 
 
 def _gpu_name() -> str:
@@ -162,6 +166,18 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
             loads.append(extra.foreign_load)
         return Measurement.of(extra.candidate, extra.reference, extra.reference_kind)
 
+    entry = baselines.lookup(key)
+    stored = entry.metadata.model_sha256 if entry is not None else None
+    if stored and run.model_sha256 and stored != run.model_sha256 and not update:
+        # Same name, shapes and fusion, different model: gating it against the other model's latency
+        # would be silently wrong either way.
+        from .gate import GateResult, Verdict
+
+        result = GateResult(run.model, Verdict.NO_BASELINE, None, None, None, len(measurement.samples_ms), 0,
+                            gate.policy_for(key).factor, gate.policy_for(key).confidence, normalised=False,
+                            note=f"model changed since the baseline (sha256 {stored[:12]} recorded, "
+                                 f"{run.model_sha256[:12]} now): re-record it with --update-baselines")
+        return result, run, key
     result = gate.check(key, measurement, baselines, more=more_tracked, name=run.model)
     if result.regressed:
         # Confirm in a fresh process. Timings within one process share its memory placement and thread
@@ -195,7 +211,8 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
                          note=f"host busy: other processes used {busiest:.0%} of the CPUs while measuring; "
                               f"{result.note}".rstrip("; "))
     if update or candidate_dir is not None:
-        meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind)
+        meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind,
+                                model_sha256=run.model_sha256)
         entry = Entry.from_samples(run.candidate, meta, reference_ms=run.reference)
         if update:
             record(path, key, entry)
