@@ -133,8 +133,10 @@ def _decision_db_id(spec: Any, options: Any) -> str:
     return _sha(path.read_bytes())[:16]
 
 
-def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: Any, spec: Any) -> str:
-    """The hash of everything that changes the build (module docstring)."""
+def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: Any, spec: Any,
+              name: str = "") -> str:
+    """The hash of everything that changes the build (module docstring). The model's name is part of it:
+    the pipeline hands it to passes and plugins, which may act on it (the harness's fault injection does)."""
     import tvm
     import tvm_ffi
 
@@ -150,6 +152,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
     doc = {
         "format": FORMAT,
         "model": _sha(model_bytes),
+        "name": name,
         "shapes": {k: [int(d) for d in v] for k, v in sorted(shapes.items())},
         "options": _options_id(options),
         "target": [spec.kind, spec.arch, spec.num_cores],
@@ -293,13 +296,15 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
     `cache_hit=True` (profiling and bisection, which need the lowered module, compile for real)."""
     from . import pipeline, progress
     from .report import FusionReport
-    from .target import resolve
+    from .target import cuda_device_present, resolve
 
-    if not enabled():
+    spec = resolve(options.gpu_arch, options.mcpu)
+    if not enabled() or (spec.is_gpu and not cuda_device_present()):
+        # A CUDA library cannot be loaded back without the CUDA runtime: without a device it is compiled
+        # (which checks code generation) but not cached.
         return pipeline.compile_model(loaded, options=options)
     cache = cache or BuildCache()
-    spec = resolve(options.gpu_arch, options.mcpu)
-    key = build_key(loaded.model.SerializeToString(), loaded.input_shapes, options, spec)
+    key = build_key(loaded.model.SerializeToString(), loaded.input_shapes, options, spec, name=loaded.name)
     entry = cache.get(key)
     if entry is not None:
         import tvm

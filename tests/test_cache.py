@@ -52,6 +52,8 @@ def test_every_input_of_the_key_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _key() == base                                                  # deterministic
     assert _key(model=_model(scale=2.0)) != base                           # the model's bytes
     assert _key(shapes={"x": (4, 9)}) != base                              # pinned shapes
+    assert build_cache.build_key(_model().SerializeToString(), {"x": (4, 8)}, CompileOptions(), resolve(),
+                                 name="other") != base                     # the name (plugins may act on it)
     assert _key(options=CompileOptions(fusion=False)) != base              # each option
     assert _key(options=CompileOptions(disabled_patterns=frozenset({"layernorm"}))) != base
     assert _key(options=CompileOptions(schedule=False)) != base
