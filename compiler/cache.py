@@ -55,10 +55,15 @@ def enabled() -> bool:
     return os.environ.get(ENV_OFF, "").strip().lower() not in ("1", "true", "yes", "on")
 
 
-def root() -> Path:
+def home() -> Path:
+    """fuseguard's cache directory: `FUSEGUARD_CACHE_DIR`, else `$XDG_CACHE_HOME/fuseguard`, else
+    `~/.cache/fuseguard` (builds here, base revisions of the A/B gate in `revs/`)."""
     env = os.environ.get(ENV_DIR)
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuseguard"
-    return base / "builds"
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuseguard"
+
+
+def root() -> Path:
+    return home() / "builds"
 
 
 # ----------------------------------------------------------------------------- the key

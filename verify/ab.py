@@ -14,7 +14,6 @@ reported beside one that alters speed.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -30,14 +29,6 @@ from .gate import GatePolicy, GateResult, Measurement, Verdict, evaluate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("base", "candidate")
-
-
-def cache_root() -> Path:
-    """`FUSEGUARD_CACHE_DIR`, else `$XDG_CACHE_HOME/fuseguard`, else `~/.cache/fuseguard`."""
-    env = os.environ.get("FUSEGUARD_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuseguard"
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -83,7 +74,9 @@ def materialize(rev: str, repo: Path = PROJECT_ROOT, cache: Path | None = None) 
     from filelock import FileLock
 
     sha = resolve_commit(rev, repo)
-    root = (cache or cache_root()) / "revs"
+    from compiler.cache import home
+
+    root = (cache or home()) / "revs"
     root.mkdir(parents=True, exist_ok=True)
     tree = root / sha
     with FileLock(str(root / f"{sha}.lock"), timeout=600):

@@ -32,17 +32,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def _versions() -> dict[str, Any]:
     import tvm
     import tvm_ffi
@@ -50,8 +39,10 @@ def _versions() -> dict[str, Any]:
     from compiler.cache import compiler_source_hash
     from compiler.decisions import versions
 
+    from .baselines import git_commit
+
     return {**versions(), "tvm_ffi": getattr(tvm_ffi, "__version__", "?"), "tvm": getattr(tvm, "__version__", "?"),
-            "compiler_sources": compiler_source_hash(), "git_commit": _git_commit()}
+            "compiler_sources": compiler_source_hash(), "git_commit": git_commit()}
 
 
 def write_artifact(source: Any, out_dir: str, *, options: Any, shapes: dict | None = None, seed: int = 0) -> dict:

@@ -109,7 +109,8 @@ def model_of(key: str) -> str:
 
 # ----------------------------------------------------------------------------------------------- entries
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """This checkout's HEAD commit, or None outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
@@ -146,7 +147,7 @@ class Metadata:
                 driver: str | None = None, cuda: str | None = None, model_sha256: str | None = None) -> Metadata:
         """Metadata for a measurement made now, in this checkout, with the installed TVM and fuseguard."""
         return cls(device=device, driver=driver, cuda=cuda, tvm_version=_dist_version("apache-tvm"),
-                   fuseguard_version=_dist_version("fuseguard"), git_commit=_git_commit(),
+                   fuseguard_version=_dist_version("fuseguard"), git_commit=git_commit(),
                    date=datetime.now(timezone.utc).isoformat(timespec="seconds"), threads=threads,
                    reference_kind=reference_kind, model_sha256=model_sha256)
 

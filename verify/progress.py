@@ -10,7 +10,6 @@ never goes quiet for minutes without saying what it is waiting on.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -134,6 +133,3 @@ class Progress:
         except OSError:
             pass
 
-
-def is_terminal() -> bool:
-    return sys.stderr.isatty()
