@@ -31,7 +31,9 @@ class Decision:
     onnx_nodes: list[str] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)   # names of the vars the group reads (links it to its call)
     key: str = ""                 # the group's structural key in the measured-decision database
-    source: str = "estimate"      # what decided: "estimate", "measured", "check", "legality" or "user"
+    #: what decided: "estimate", "measured", "check", "legality", "user" or "veto" (the scheduler or the
+    #: GPU resource check refused the fused kernel after it was built)
+    source: str = "estimate"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +48,7 @@ def _fmt_bytes(n: int) -> str:
 
 
 def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, disabled_why: str = "",
-           measured: Mapping[str, Measured] | None = None, target: str = "") -> Decision:
+           disabled_source: str = "user", measured: Mapping[str, Measured] | None = None, target: str = "") -> Decision:
     """Refuse when disabled, illegal or infeasible; otherwise a measurement of this group's structure on this
     target decides where one exists (`fuseguard tune`), else the predicted benefit."""
     out = match.output_var()
@@ -57,7 +59,7 @@ def decide(rule: PatternRule, match: Match, hw: Hardware, *, disabled: bool, dis
     numbers = dict(bytes_saved=estimate.bytes_saved, launches_saved=estimate.launches_saved,
                    predicted_us=estimate.predicted_us)
     if disabled:
-        return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", source="user",
+        return Decision(fused=False, reason=disabled_why or f"pattern '{rule.name}' disabled", source=disabled_source,
                         **base, **numbers)
     illegal = convexity_violation(match.bindings, match.var_usages)
     if illegal:

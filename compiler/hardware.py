@@ -27,6 +27,14 @@ class Hardware:
     l1d_bytes: int = 0
     l3_bytes: int = 0
     vector_regs: int = 16           # architectural SIMD registers (AVX2: 16 ymm)
+    # GPU occupancy limits (CUDA C Programming Guide, "Technical Specifications per Compute Capability")
+    max_threads_per_sm: int = 0
+    max_blocks_per_sm: int = 0
+    max_regs_per_thread: int = 255
+    reg_alloc_unit: int = 256       # registers are allocated per warp in units of 256
+    smem_alloc_unit: int = 128      # shared memory is allocated per block in units of 128 bytes
+    smem_reserved_per_block: int = 1024   # the system reserves 1 KiB of shared memory per block (sm_80+)
+    smem_static_limit: int = 48 * 1024    # static __shared__ beyond this needs the dynamic opt-in
 
     @property
     def is_gpu(self) -> bool:
@@ -38,19 +46,24 @@ KiB, MiB = 1024, 1024 * 1024
 GPU_TABLE: dict[str, Hardware] = {
     # A100 SXM4 80 GB
     "sm_80": Hardware("NVIDIA A100", "cuda", "sm_80", 2039.0, 40 * MiB, 4.0, sm_count=108,
-                      smem_per_sm_bytes=164 * KiB, smem_per_block_bytes=163 * KiB, regs_per_sm=65536),
+                      smem_per_sm_bytes=164 * KiB, smem_per_block_bytes=163 * KiB, regs_per_sm=65536,
+                      max_threads_per_sm=2048, max_blocks_per_sm=32),
     # A10 / RTX 3090 class
     "sm_86": Hardware("NVIDIA A10", "cuda", "sm_86", 600.0, 6 * MiB, 4.0, sm_count=72,
-                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536),
+                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536,
+                      max_threads_per_sm=1536, max_blocks_per_sm=16),
     # L4 (Ada)
     "sm_89": Hardware("NVIDIA L4", "cuda", "sm_89", 300.0, 48 * MiB, 4.0, sm_count=58,
-                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536),
+                      smem_per_sm_bytes=100 * KiB, smem_per_block_bytes=99 * KiB, regs_per_sm=65536,
+                      max_threads_per_sm=1536, max_blocks_per_sm=24),
     # H100 SXM5
     "sm_90": Hardware("NVIDIA H100", "cuda", "sm_90", 3350.0, 50 * MiB, 3.0, sm_count=132,
-                      smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536),
+                      smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536,
+                      max_threads_per_sm=2048, max_blocks_per_sm=32),
     # H200: Hopper sm_90 with HBM3e
     "h200": Hardware("NVIDIA H200", "cuda", "sm_90", 4800.0, 50 * MiB, 3.0, sm_count=132,
-                     smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536),
+                     smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536,
+                      max_threads_per_sm=2048, max_blocks_per_sm=32),
 }
 
 SUPPORTED_GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")

@@ -28,6 +28,8 @@ from .passes import static_dims
 from .op_support import check_supported, supported_ops  # noqa: F401  (re-exported)
 
 _TAG = re.compile(r"^n(\d+(?:\+\d+)*)(?:_|$)")
+#: What may not appear in a C identifier (an input name becomes one: see _Importer._sanitize_name).
+_IDENTIFIER_BAD = re.compile(r"[^0-9A-Za-z_]")
 
 
 @dataclass
@@ -87,6 +89,12 @@ class _Importer(_TracingImporter):
     """Remembers the node being converted, so that a frontend failure can name it."""
 
     current: tuple[str, str] | None = None  # (node name, op type) while its converter runs
+
+    def _sanitize_name(self, name: str) -> str:
+        """Input names become kernel parameter names in the generated C/CUDA: the stock sanitiser only
+        replaces '.', so caffe2's `gpu_0/data_0` reached nvcc as `float* gpu_0/data_0_ptr` (a syntax
+        error in every kernel reading it: ResNet-50 and ShuffleNet did not compile to SASS)."""
+        return super()._sanitize_name(_IDENTIFIER_BAD.sub("_", name) if name else name)
 
     def _convert_operator(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
         self.current = (attrs.get("tvm_custom", {}).get("name", ""), op_name)

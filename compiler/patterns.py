@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from .hardware import Hardware
+from .hardware import Hardware, for_target
 
 
 @dataclass
@@ -693,7 +693,9 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
         if mrank < 4:
             mask = bb.emit(relax.op.reshape(mask, [1] * (4 - mrank) + [int(d) for d in mask.ty.shape.values]))
     k = bb.emit(relax.op.permute_dims(kt, [0, 1, 3, 2]))
-    call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), name="fused_attention")
+    # the tile the cost model's check chose: the architecture's opt-in shared memory per block
+    budget = for_target("cuda", spec.arch).smem_per_block_bytes if spec.is_gpu else None
+    call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), max_shared_bytes=budget, name="fused_attention")
     if rank == 3:
         out = bb.emit(call)
         return relax.op.squeeze(out, [0])

@@ -23,6 +23,9 @@
                                     and steps 1-8 run again without it
     9  lower + memory planning      StaticPlanBlockMemory, ... VMShapeLower
    10  codegen                      tvm.compile for {"kind": "llvm", "mcpu": host} or {"kind": "cuda", "arch": sm_XX}
+   10b SASS check (CUDA)            every kernel through nvcc/ptxas for sm_XX (compiler/sass.py): a fused
+                                    group that spills, cannot launch, or loses more to occupancy than it
+                                    saves (compiler/gpu_cost.py) is vetoed and steps 1-10 run again
 
 The unfused build is the same pipeline with steps 5 and 7 off: the fallback users can always ship.
 """
@@ -90,6 +93,9 @@ class CompileOptions:
     #: measured-decision database (compiler/decisions.py): None = the architecture's default file,
     #: "" = estimates only
     decision_db: str | None = None
+    #: CUDA builds: compile every kernel to SASS with nvcc and check its resources (compiler/sass.py):
+    #: "auto" when a toolkit is found, "require" (no toolkit is an error) or "off"
+    sass: str = "auto"
 
     def unfused(self) -> "CompileOptions":
         return replace(self, fusion=False)
@@ -218,6 +224,7 @@ def _fusion_patterns(options: CompileOptions, hw: Hardware, log: list[cost.Decis
                 veto = vetoed.get((rule.name, tuple(match.input_names)))
                 decision = cost.decide(rule, match, hw, disabled=disabled or veto is not None,
                                        disabled_why=veto or f"pattern '{rule.name}' disabled by the user (--disable-pattern)",
+                                       disabled_source="veto" if veto is not None and not disabled else "user",
                                        measured=measured, target=spec.class_id)
                 key = (rule.name, decision.anchor)
                 if key not in seen:
@@ -271,14 +278,15 @@ def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target,
 
 
 def lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str = "model",
-          provenance: Callable[[list[str]], list[str]] | None = None) -> tuple[tvm.IRModule, report.FusionReport]:
+          provenance: Callable[[list[str]], list[str]] | None = None,
+          vetoed: Mapping[tuple[str, tuple[str, ...]], str] | None = None) -> tuple[tvm.IRModule, report.FusionReport]:
     """Steps 1-9: a Relax module in, a module ready for codegen and its fusion report out.
 
     A pattern group whose fused kernel no schedule rule can handle would run as naive loops, far slower
     than its unfused parts (measured: 100x for a merged attention on CPU). Such groups are vetoed with
     that reason and the module is lowered once more: the scheduler has the last word on a fusion.
     """
-    vetoed: dict[tuple[str, tuple[str, ...]], str] = {}
+    vetoed = dict(vetoed or {})
     for _ in range(MAX_CYCLE_RETRIES):
         try:
             lowered, rep, unscheduled = _lower(mod, spec, options, name=name, provenance=provenance, vetoed=vetoed)
@@ -418,6 +426,100 @@ def build(mod: tvm.IRModule, spec: TargetSpec) -> Any:
     return tvm.compile(mod, target=spec.tvm_target(), relax_pipeline=None)
 
 
+def _lower_and_build(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name: str,
+                     provenance: Callable[[list[str]], list[str]] | None,
+                     vetoed: Mapping[tuple[str, tuple[str, ...]], str] | None = None):
+    lowered, rep = lower(mod, spec, options, name=name, provenance=provenance, vetoed=vetoed)
+    progress.stage("codegen")
+    try:
+        exe = build(lowered, spec)
+    except Exception as err:
+        raise CompileError(f"{name}: code generation for {spec.label} failed: {type(err).__name__}: "
+                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
+                           stage="codegen") from err
+    return lowered, rep, exe
+
+
+def _sass_of(exe: Any, lowered: tvm.IRModule, rep: report.FusionReport, spec: TargetSpec, name: str) -> Any:
+    from . import sass
+
+    groups = {g.kernel: g.pattern for g in rep.groups}
+    progress.stage("sass")
+    start = time.perf_counter()
+    try:
+        result = sass.check(generated_source(exe, "cuda"), lowered, spec.arch, for_target("cuda", spec.arch), groups)
+    except CompileError as err:
+        raise CompileError(f"{name}: {err}", stage="sass") from err
+    rep.stage_s["sass"] = rep.stage_s.get("sass", 0.0) + time.perf_counter() - start
+    return result
+
+
+def _check_gpu_kernels(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, lowered: tvm.IRModule,
+                       rep: report.FusionReport, exe: Any, *, name: str,
+                       provenance: Callable[[list[str]], list[str]] | None):
+    """Step 10b (CUDA): every kernel compiled to SASS for the architecture (compiler/sass.py). A fused
+    group whose kernel spills, cannot launch, or whose occupancy the GPU cost model predicts makes it
+    slower than its parts (compiler/gpu_cost.py) is vetoed and the build is redone without it; a kernel
+    with a problem that no veto can remove fails the build, naming it."""
+    from . import gpu_cost, sass
+
+    if sass.find_toolkit() is None:
+        if options.sass == "require":
+            sass.require_toolkit()
+        return lowered, rep, exe
+    hw = for_target("cuda", spec.arch)
+
+    def _occ(k: Any) -> float:
+        return gpu_cost.effective_occupancy(hw, k.occupancy, k.threads, k.grid)
+
+    result = _sass_of(exe, lowered, rep, spec, name)
+    # a group's decision by (pattern, anchor): structural keys are shared by identical groups
+    decision_of = {(d.pattern, d.anchor): d for d in rep.decisions if d.fused}
+    vetoes: dict[tuple[str, tuple[str, ...]], str] = {}
+    by_function: dict[str, list[sass.KernelResources]] = {}
+    for k in result.kernels:
+        by_function.setdefault(k.function, []).append(k)
+    suspects = []
+    for g in rep.pattern_groups:
+        d = decision_of.get((g.pattern, g.output_var))
+        kernels = by_function.get(g.kernel, [])
+        if d is None or not kernels:
+            continue
+        bad = [p for k in kernels for p in k.problems]
+        if bad:
+            vetoes[(d.pattern, tuple(d.inputs))] = f"the fused kernel {bad[0]} on {spec.arch} (ptxas); its parts do not"
+        elif min(_occ(k) for k in kernels) < gpu_cost.saturation(hw):
+            suspects.append((g, d, kernels))
+    if suspects:
+        # below saturation occupancy costs bandwidth: weigh it against the parts, built and checked unfused
+        parts_build = compile_relax(mod, replace(options.unfused(), sass="auto"), name=name, provenance=provenance)
+        parts_sass = sass.SassReport.from_dict(parts_build.report.sass or {"arch": spec.arch, "toolkit": "",
+                                                                           "flags": []})
+        occ = {}
+        for k in parts_sass.kernels:
+            occ[k.function] = min(occ.get(k.function, 1.0), _occ(k))
+        for g, d, kernels in suspects:
+            parts = [(s["bytes"], occ.get(s["kernel"], 1.0), s["flops"])
+                     for s in gpu_cost.parts_of(g.onnx_nodes, parts_build.report.call_sites)]
+            site = next((s for s in rep.call_sites if s["kernel"] == g.kernel), None)
+            if not parts or site is None:
+                continue
+            verdict = gpu_cost.compare(hw, g.kernel, site["bytes"], min(_occ(k) for k in kernels), parts)
+            if verdict.slower:
+                vetoes[(d.pattern, tuple(d.inputs))] = verdict.reason(hw)
+    if vetoes:
+        lowered, rep, exe = _lower_and_build(mod, spec, options, name=name, provenance=provenance, vetoed=vetoes)
+        result = _sass_of(exe, lowered, rep, spec, name)
+    rep.sass = result.to_dict()
+    broken = result.problems()
+    if broken:
+        k = broken[0]
+        what = f"group '{k.group}' " if k.group else ""
+        raise CompileError(f"{name}: {what}kernel {k.kernel} cannot run on {spec.arch}: {k.problems[0]}"
+                           f"{f' (and {len(broken) - 1} more kernel(s))' if len(broken) > 1 else ''}", stage="sass")
+    return lowered, rep, exe
+
+
 def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(), *, name: str = "model",
                   input_names: Sequence[str] | None = None, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                   output_names: Sequence[str] | None = None,
@@ -431,14 +533,10 @@ def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(),
         raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "
                          f"known: {', '.join(patterns.pattern_names())}")
     start = time.perf_counter()
-    lowered, rep = lower(mod, spec, options, name=name, provenance=provenance)
-    progress.stage("codegen")
-    try:
-        exe = build(lowered, spec)
-    except Exception as err:
-        raise CompileError(f"{name}: code generation for {spec.label} failed: {type(err).__name__}: "
-                           f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}",
-                           stage="codegen") from err
+    lowered, rep, exe = _lower_and_build(mod, spec, options, name=name, provenance=provenance)
+    if spec.is_gpu and options.sass != "off":
+        lowered, rep, exe = _check_gpu_kernels(mod, spec, options, lowered, rep, exe, name=name,
+                                               provenance=provenance)
     compile_s = time.perf_counter() - start
     rep.compile_s = compile_s
     params = [p.name for p in mod["main"].params]

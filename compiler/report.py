@@ -52,6 +52,8 @@ class FusionReport:
     schedules: dict[str, str] = field(default_factory=dict)
     #: every kernel call `main` makes, in execution order (see `kernel_call_sites`)
     call_sites: list[dict] = field(default_factory=list)
+    #: CUDA builds: every kernel compiled to SASS and its resources (compiler/sass.SassReport.to_dict)
+    sass: dict | None = None
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -67,7 +69,7 @@ class FusionReport:
             "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
-            "call_sites": [dict(c) for c in self.call_sites],
+            "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass,
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }

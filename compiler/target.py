@@ -36,7 +36,14 @@ class TargetSpec:
 
     def tvm_target(self) -> tvm.target.Target:
         if self.is_gpu:
-            return tvm.target.Target({"kind": "cuda", "arch": self.arch})
+            from .hardware import for_target
+
+            hw = for_target("cuda", self.arch)
+            # dlight tiles to these; without them it warns and assumes 48 KiB. Static shared memory is
+            # capped at 48 KiB per block (more needs the dynamic opt-in), so that is the honest figure.
+            return tvm.target.Target({"kind": "cuda", "arch": self.arch, "max_threads_per_block": 1024,
+                                      "max_shared_memory_per_block": hw.smem_static_limit,
+                                      "registers_per_block": hw.regs_per_sm, "thread_warp_size": 32})
         config: dict[str, object] = {"kind": "llvm"}
         if self.arch and self.arch != "generic":
             config["mcpu"] = self.arch

@@ -49,8 +49,6 @@ __all__ = [
 CUDA_DEFAULT_SHARED_BYTES = 48 * 1024
 #: Per-task scratch the CPU kernel aims to keep in L1/L2 (a budget, not a hard limit).
 CPU_DEFAULT_SCRATCH_BYTES = 256 * 1024
-#: Opt-in dynamic shared memory per block by architecture (CUDA programming guide, table 21).
-_CUDA_OPTIN_SHARED_BYTES = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 _SUPPORTED_DTYPES = ("float32", "float16")
 _NEG = -3.0e38  # finite "minus infinity": keeps (m_old - m_new) free of inf - inf = NaN
@@ -71,13 +69,12 @@ def host_target() -> tvm.target.Target:
 
 
 def cuda_max_shared_bytes(target: tvm.target.Target) -> int:
-    """Largest per-block shared memory the kernel may request on ``target`` (opt-in included)."""
+    """Largest per-block shared memory the kernel may request on ``target`` (opt-in included): the
+    architecture table's figure (compiler/hardware.py), 48 KiB for a target without an arch."""
+    from ..hardware import for_target
+
     arch = str(target.attrs.get("arch", "")) if "arch" in target.attrs else ""
-    if arch.startswith("sm_"):
-        digits = "".join(ch for ch in arch[3:] if ch.isdigit())
-        if digits and int(digits) in _CUDA_OPTIN_SHARED_BYTES:
-            return _CUDA_OPTIN_SHARED_BYTES[int(digits)]
-    return CUDA_DEFAULT_SHARED_BYTES
+    return for_target("cuda", arch).smem_per_block_bytes if arch.startswith("sm_") else CUDA_DEFAULT_SHARED_BYTES
 
 
 # ----------------------------------------------------------------------------------------------
