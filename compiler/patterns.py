@@ -480,13 +480,12 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
         return (f"V of shape {v_dims}: the tiled kernel needs V's head size equal to Q's ({head_dim}) and one "
                 f"value row per key")
     try:
-        from .kernels.attention import choose_tiles
+        from .kernels.attention import choose_tiles, cuda_tile_budget
     except ImportError:
         return "no tiled attention kernel available for this target"
-    tiles = choose_tiles(shape[2], shape[3], head_dim, str(q.ty.dtype), "cuda" if hw.is_gpu else "llvm",
-                         hw.smem_per_block_bytes if hw.is_gpu else hw.l2_bytes)
+    budget = cuda_tile_budget(hw) if hw.is_gpu else hw.l2_bytes
+    tiles = choose_tiles(shape[2], shape[3], head_dim, str(q.ty.dtype), "cuda" if hw.is_gpu else "llvm", budget)
     if tiles is None:
-        budget = hw.smem_per_block_bytes if hw.is_gpu else hw.l2_bytes
         return (f"no attention tile for head_dim {head_dim} fits {budget // 1024} KiB of "
                 f"{'shared memory per block' if hw.is_gpu else 'L2'} on {hw.name}: falling back to unfused")
     return None
@@ -607,7 +606,7 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     The scale is the product of every constant multiplier (divisors inverted) on the way from Q and K^T
     to the softmax, wherever the exporter put it; rank-3 groups ([batch*heads, seq, d]) run as one batch.
     """
-    from .kernels.attention import attention_call
+    from .kernels.attention import attention_call, cuda_tile_budget
 
     param_arg = dict(zip(func.params, args))
     values: dict[relax.Var, relax.Expr] = {}
@@ -693,8 +692,8 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
         if mrank < 4:
             mask = bb.emit(relax.op.reshape(mask, [1] * (4 - mrank) + [int(d) for d in mask.ty.shape.values]))
     k = bb.emit(relax.op.permute_dims(kt, [0, 1, 3, 2]))
-    # the tile the cost model's check chose: the architecture's opt-in shared memory per block
-    budget = for_target("cuda", spec.arch).smem_per_block_bytes if spec.is_gpu else None
+    # the tile the cost model's check chose (compiler/kernels/attention.cuda_tile_budget)
+    budget = cuda_tile_budget(for_target("cuda", spec.arch)) if spec.is_gpu else None
     call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), max_shared_bytes=budget, name="fused_attention")
     if rank == 3:
         out = bb.emit(call)

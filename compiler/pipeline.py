@@ -259,16 +259,44 @@ def _run_user_passes(stage: str, mod: tvm.IRModule, options: CompileOptions) -> 
     return mod
 
 
+def _schedule_gpu(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, dict[str, str], dict[str, str]]:
+    """dlight's GPU rules (the list TVM's own CUDA pipeline uses), first that applies wins, as
+    `dl.ApplyDefaultSchedule` does, but recording which rule took each PrimFunc: a matmul or conv left to
+    `Fallback` runs as plain thread-bound loops, and the report says so."""
+    from tvm import tirx
+    from tvm.s_tir import dlight as dl
+
+    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    left_alone: dict[str, str] = {}
+    scheduled: dict[str, str] = {}
+    updated = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        if func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]) == 1:
+            left_alone[gv.name_hint] = "already scheduled"
+            continue
+        for rule in rules:
+            space = rule.apply(func, target, False)
+            if space is None:
+                continue
+            sch = space if not isinstance(space, (list, tuple)) else space[0]
+            updated[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            scheduled[gv.name_hint] = f"dlight.gpu.{type(rule).__name__}"
+            break
+        else:
+            left_alone[gv.name_hint] = "no dlight GPU rule applies"
+    for gv, func in updated.items():
+        mod[gv] = func
+    return mod, left_alone, scheduled
+
+
 def _schedule(mod: tvm.IRModule, spec: TargetSpec, target: tvm.target.Target,
               options: CompileOptions) -> tuple[tvm.IRModule, dict[str, str], dict[str, str]]:
     """Schedule every PrimFunc; return the module, {function: why no schedule applied} and
     {function: the rule that scheduled it}."""
     if spec.is_gpu:
-        from tvm.s_tir import dlight as dl
-
-        return dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
-        )(mod), {}, {}
+        return _schedule_gpu(mod, target)
     if not options.schedule:
         return mod, {}, {}
     from .schedule.cpu import schedule_cpu_module_with_report
@@ -447,7 +475,8 @@ def _sass_of(exe: Any, lowered: tvm.IRModule, rep: report.FusionReport, spec: Ta
     progress.stage("sass")
     start = time.perf_counter()
     try:
-        result = sass.check(generated_source(exe, "cuda"), lowered, spec.arch, for_target("cuda", spec.arch), groups)
+        result = sass.check(generated_source(exe, "cuda"), lowered, spec.arch, for_target("cuda", spec.arch), groups,
+                            schedules=rep.schedules)
     except CompileError as err:
         raise CompileError(f"{name}: {err}", stage="sass") from err
     rep.stage_s["sass"] = rep.stage_s.get("sass", 0.0) + time.perf_counter() - start

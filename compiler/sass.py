@@ -126,6 +126,7 @@ class KernelResources:
     kernel: str                   # the CUDA kernel (`<PrimFunc>_kernel`)
     function: str                 # the PrimFunc it came from
     group: str = ""               # the pattern that made it ("generic" for FuseOps, "" when none)
+    schedule: str = ""            # the rule that scheduled its PrimFunc (dlight.gpu.Matmul, ...)
     threads: int = 0              # per block (`__launch_bounds__`, which TVM sets to the block size)
     grid: int | None = None       # blocks launched (None when symbolic)
     registers: int = 0
@@ -176,11 +177,11 @@ class SassReport:
         bad = len(self.problems())
         table = Table(title=f"kernels on {self.arch} (nvcc {self.toolkit}): {len(self.kernels)} kernels, "
                             f"{bad} with problems; occupancy is unvalidated until measured on a GPU")
-        for col in ("kernel", "group", "threads", "blocks", "regs", "spill st/ld", "stack", "smem st+dyn",
-                    "occupancy", "problem"):
+        for col in ("kernel", "group", "schedule", "threads", "blocks", "regs", "spill st/ld", "stack",
+                    "smem st+dyn", "occupancy", "problem"):
             table.add_column(col, overflow="fold")
         for k in sorted(self.kernels, key=lambda k: (not k.problems, k.occupancy))[:max_rows]:
-            table.add_row(k.kernel, k.group, str(k.threads), "?" if k.grid is None else str(k.grid),
+            table.add_row(k.kernel, k.group, k.schedule.removeprefix("dlight.gpu."), str(k.threads), "?" if k.grid is None else str(k.grid),
                           str(k.registers), f"{k.spill_stores}/{k.spill_loads}", str(k.stack_bytes),
                           f"{k.static_smem}+{k.dynamic_smem}", f"{k.occupancy:.0%} ({k.occupancy_limit})",
                           "; ".join(k.problems))
@@ -306,9 +307,10 @@ def _cached_log(source: str, arch: str, tk: Toolkit) -> tuple[str, float, bool]:
 
 
 def check(source: str, lowered: Any, arch: str, hw: Hardware, groups: dict[str, str] | None = None,
-          toolkit: Toolkit | None = None) -> SassReport:
+          schedules: dict[str, str] | None = None, toolkit: Toolkit | None = None) -> SassReport:
     """Compile `source` (one build's CUDA) for `arch` and read every kernel's resources; `groups` maps a
-    PrimFunc to the pattern that made it. A kernel that spills or cannot launch carries its problems."""
+    PrimFunc to the pattern that made it, `schedules` to the rule that scheduled it. A kernel that spills
+    or cannot launch carries its problems."""
     tk = toolkit or require_toolkit()
     log, elapsed, cached = _cached_log(source, arch, tk)
     usage = parse_ptxas(log)
@@ -320,6 +322,7 @@ def check(source: str, lowered: Any, arch: str, hw: Hardware, groups: dict[str, 
         func = function_of(kernel)
         grid, dyn = tir.get(func, (None, 0))
         k = KernelResources(kernel=kernel, function=func, group=(groups or {}).get(func, ""),
+                            schedule=(schedules or {}).get(func, ""),
                             threads=threads.get(kernel, 0), grid=grid, dynamic_smem=dyn, **u)
         occ = occupancy(hw, k.threads, k.registers, k.static_smem + k.dynamic_smem)
         k.occupancy, k.occupancy_limit = occ.fraction, occ.limit

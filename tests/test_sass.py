@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from compiler import gpu_cost, sass
 from compiler.errors import CompileError
 from compiler.hardware import GPU_TABLE, for_target
-from compiler.kernels.attention import choose_tiles
+from compiler.kernels.attention import choose_tiles, cuda_tile_budget
 from compiler.occupancy import launch_problems, occupancy
 from compiler.pipeline import CompileOptions, compile_model
 from suites.models import build_pattern_gemm_gelu, get_model
@@ -101,9 +101,10 @@ def test_cost_model_weighs_occupancy_against_saved_traffic() -> None:
 
 
 def test_attention_tile_shrinks_with_shared_memory() -> None:
-    """sm_86 opts into 99 KiB per block, sm_90 into 227 KiB: at head size 128 the tile follows."""
-    small = choose_tiles(4096, 4096, 128, "float32", "cuda", GPU_TABLE["sm_86"].smem_per_block_bytes)
-    large = choose_tiles(4096, 4096, 128, "float32", "cuda", GPU_TABLE["sm_90"].smem_per_block_bytes)
+    """sm_86 has 100 KiB of shared memory per SM, sm_90 228 KiB: at head size 128 the tile follows, leaving
+    room for two resident blocks on each."""
+    small = choose_tiles(4096, 4096, 128, "float32", "cuda", cuda_tile_budget(GPU_TABLE["sm_86"]))
+    large = choose_tiles(4096, 4096, 128, "float32", "cuda", cuda_tile_budget(GPU_TABLE["sm_90"]))
     assert small is not None and large is not None
     assert small[0] * small[1] < large[0] * large[1]
 
@@ -130,7 +131,8 @@ def test_kernels_compile_to_sass(arch: str) -> None:
     assert all(k.registers > 0 and k.threads > 0 and not k.spills for k in rep.kernels)
     attention = [k for k in rep.kernels if k.group == "attention"]
     assert attention and attention[0].static_smem + attention[0].dynamic_smem > 0
-    assert "registers" in str(rep.render().columns[4].header) or rep.render().row_count == len(rep.kernels)
+    assert {k.schedule for k in rep.kernels} >= {"dlight.gpu.Matmul", "dlight.gpu.GeneralReduction"}
+    assert rep.render().row_count == len(rep.kernels)
 
 
 @needs_nvcc
@@ -145,7 +147,7 @@ def test_attention_kernel_fits_each_architecture() -> None:
         rep = sass.SassReport.from_dict(build.report.sass)
         (k,) = [k for k in rep.kernels if k.group == "attention"]
         used[arch] = k.static_smem + k.dynamic_smem
-        assert rep and used[arch] <= GPU_TABLE[arch].smem_per_block_bytes
+        assert rep and used[arch] <= cuda_tile_budget(GPU_TABLE[arch]) and k.occupancy_limit != "launch"
     assert used["sm_86"] < used["sm_90"]
 
 

@@ -322,31 +322,15 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
             if build.compare is not None and not build.compare:
                 print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
                       f"{build.compare.summary()}", file=sys.stderr)
-    if args.report:
-        rep = _report_from_dict(verdict.fused.report)
-        if rep is not None:
-            console.print(rep)
+    if args.report and verdict.fused.report:
+        from compiler.report import FusionReport
+        from compiler.sass import SassReport
+
+        rep = FusionReport.from_dict(verdict.fused.report)
+        console.print(rep.render())
+        if rep.sass:      # CUDA builds: every kernel's registers, spills, shared memory and occupancy
+            console.print(SassReport.from_dict(rep.sass).render())
     return _row(verdict)
-
-
-def _report_from_dict(rep: dict[str, Any]):
-    from rich.table import Table
-
-    if not rep:
-        return None
-    via = " (imported through ONNX Runtime's shape folding)" if rep.get("imported_via", "onnx") != "onnx" else ""
-    table = Table(title=f"fusion report: {rep['model']} on {rep['target']} ({len(rep['groups'])} groups, "
-                        f"{rep['kernels']} kernels){via}")
-    for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
-        table.add_column(col, overflow="fold")
-    for g in rep["groups"]:
-        nodes = g["onnx_nodes"]
-        table.add_row(g["function"], g["pattern"], " + ".join(g["ops"]),
-                      ", ".join(nodes[:4]) + (f" (+{len(nodes) - 4})" if len(nodes) > 4 else ""), g["reason"])
-    for d in rep["decisions"]:
-        if not d["fused"]:
-            table.add_row("(not fused)", d["pattern"], " + ".join(d["ops"]), ", ".join(d["onnx_nodes"][:4]), d["reason"])
-    return table
 
 
 def _fmt_err(build) -> str:

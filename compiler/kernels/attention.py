@@ -27,10 +27,14 @@ Two code generators share the semantics:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
+
+if TYPE_CHECKING:
+    from ..hardware import Hardware
 
 __all__ = [
     "CUDA_DEFAULT_SHARED_BYTES",
@@ -75,6 +79,19 @@ def cuda_max_shared_bytes(target: tvm.target.Target) -> int:
 
     arch = str(target.attrs.get("arch", "")) if "arch" in target.attrs else ""
     return for_target("cuda", arch).smem_per_block_bytes if arch.startswith("sm_") else CUDA_DEFAULT_SHARED_BYTES
+
+
+#: Resident blocks per SM the CUDA tile leaves room for. The kernel runs scalar FMAs out of shared memory
+#: behind a barrier per phase: with one 4-warp block per SM every barrier idles the SM, with two one
+#: block's loads overlap the other's arithmetic (unvalidated: no GPU has timed it yet).
+CUDA_BLOCKS_PER_SM = 2
+
+
+def cuda_tile_budget(hw: "Hardware") -> int:
+    """Shared memory one attention block may take on `hw`: the opt-in per-block limit, capped so that
+    CUDA_BLOCKS_PER_SM blocks fit an SM (sm_86 49 KiB, sm_80 81 KiB, sm_90 113 KiB)."""
+    per_sm = hw.smem_per_sm_bytes // CUDA_BLOCKS_PER_SM - hw.smem_reserved_per_block
+    return max(CUDA_DEFAULT_SHARED_BYTES, min(hw.smem_per_block_bytes, per_sm))
 
 
 # ----------------------------------------------------------------------------------------------
