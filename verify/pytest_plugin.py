@@ -45,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(default: gate.json in the baseline directory, when present)")
     group.addoption("--conformance-full", action="store_true", default=False,
                     help="run all 1884 ONNX node conformance cases (default: one case per operator)")
+    group.addoption("--sass-full", action="store_true", default=False,
+                    help="compile every suite model to SASS for sm_80 and sm_90 (default: the built-in models "
+                         "and one real model of each kind)")
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 
@@ -55,21 +58,28 @@ def pytest_configure(config: pytest.Config) -> None:
     apply_cache_options(getter(config=config, prefix=PYTEST_PREFIX))
     config.addinivalue_line("markers", "gpu: needs a CUDA device to run (compiles anywhere)")
     config.addinivalue_line("markers", "slow: a large real model")
-    config.addinivalue_line("markers", "conformance_full: all 1884 ONNX node cases; deselected unless "
-                                       "--conformance-full (nightly)")
+    for marker, (option, what) in OPT_IN.items():
+        config.addinivalue_line("markers", f"{marker}: {what}; deselected unless {option} (nightly)")
     from compiler.plugins import load_plugins
 
     load_plugins(config.getoption("--fuseguard-plugin") or [])
 
 
+#: Opt-in heavy suites: marker -> (the option that selects them, what they are).
+OPT_IN = {
+    "conformance_full": ("--conformance-full", "all 1884 ONNX node cases"),
+    "sass_full": ("--sass-full", "every suite model compiled to SASS for sm_80 and sm_90"),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`)."""
-    if config.getoption("--conformance-full"):
-        return
-    drop = [item for item in items if item.get_closest_marker("conformance_full")]
+    """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`, `--sass-full`)."""
+    off = {m for m, (option, _) in OPT_IN.items() if not config.getoption(option)}
+    drop = [item for item in items if any(item.get_closest_marker(m) for m in off)]
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = [item for item in items if not item.get_closest_marker("conformance_full")]
+        keep = set(map(id, drop))
+        items[:] = [item for item in items if id(item) not in keep]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

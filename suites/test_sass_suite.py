@@ -1,0 +1,49 @@
+"""Every suite model compiled for sm_80 and sm_90 down to SASS, on a machine with no GPU: no kernel spills,
+none asks for more registers, threads or shared memory than a block may have (compiler/sass.py).
+
+The default run keeps the built-in models and one real export of each kind; `pytest --sass-full` (nightly)
+adds every real model. Needs nvcc (the `cuda-tools` extra); skipped with that reason where there is none.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler import sass
+from compiler.pipeline import CompileOptions, compile_model
+from suites.light import LIGHT_ARCHITECTURES
+from suites.models import SuiteModel, suite_models, zoo_models
+
+ARCHS = ("sm_80", "sm_90")
+#: Real models in the default run: a convnet from the onnx wheel, a depthwise convnet and a transformer
+#: exported by torch. The rest run with --sass-full.
+DEFAULT_REAL = frozenset({"squeezenet", "mobilenet_v2", "bert_tiny"})
+
+
+def _params() -> list:
+    out = []
+    for model in [*suite_models(), *zoo_models()]:
+        heavy = model.slow or (model.name not in DEFAULT_REAL and _is_real(model))
+        for arch in ARCHS:
+            out.append(pytest.param(model, arch, id=f"{model.name}-{arch}",
+                                    marks=[pytest.mark.sass_full] if heavy else []))
+    return out
+
+
+def _is_real(model: SuiteModel) -> bool:
+    """A model nobody here wrote: the onnx wheel's architectures (suites/light.py) or a torch export."""
+    return model.name in {a.name for a in LIGHT_ARCHITECTURES} | {m.name for m in zoo_models()}
+
+
+@pytest.mark.skipif(sass.find_toolkit() is None, reason="no CUDA toolkit (nvcc): pip install -e '.[cuda-tools]'")
+@pytest.mark.parametrize("model,arch", _params())
+def test_compiles_to_sass(model: SuiteModel, arch: str) -> None:
+    build = compile_model(model.make(model.default_dims, seed=0), name=model.name,
+                          options=CompileOptions(gpu_arch=arch, sass="require"))
+    rep = sass.SassReport.from_dict(build.report.sass)
+    print(f"{model.name} {arch}: {len(rep.kernels)} kernels, max {max(k.registers for k in rep.kernels)} registers, "
+          f"{sum(1 for k in rep.kernels if k.stack_bytes)} with local memory, lowest occupancy "
+          f"{min(k.occupancy for k in rep.kernels):.0%}, nvcc {rep.compile_s:.1f} s")
+    assert rep.kernels, f"{model.name}: no CUDA kernels were compiled"
+    assert rep, f"{model.name} on {arch}: " + "; ".join(f"{k.kernel}: {k.problems}" for k in rep.problems())
+    assert not any(k.spills for k in rep.kernels)
