@@ -26,8 +26,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import tags
+
 KERNEL_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
-_TAG = re.compile(r"^n(\d+(?:\+\d+)*)_")  # merged tags (n1+2+9_LayerNorm) name every node
 _BLOCK = re.compile(r"^\s*with T\.sblock\(", re.M)
 
 
@@ -258,7 +259,7 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
             target = ukeys[out_map[f.key]]
             if target.shape == f.shape and target.dtype == f.dtype:
                 m[f.key], result.how[f.key] = target.key, "output"
-        elif _TAG.match(f.key) and f.key in ukeys:
+        elif tags.is_tagged(f.key) and f.key in ukeys:
             target = ukeys[f.key]
             if target.shape == f.shape and target.dtype == f.dtype:
                 m[f.key], result.how[f.key] = target.key, "name"
@@ -328,9 +329,8 @@ def upstream(root: CapturedKernel, ukeys: Mapping[str, CapturedKernel], stop: se
 
 
 def node_indices(key: str) -> list[int]:
-    """Every ONNX node a provenance-tagged name stands for (``n1+2+9_LayerNorm`` -> [1, 2, 9])."""
-    m = _TAG.match(key)
-    return sorted(int(i) for i in m.group(1).split("+")) if m else []
+    """Every ONNX node a provenance-tagged name stands for (``n1x2x9_LayerNorm`` -> [1, 2, 9])."""
+    return tags.indices(key)
 
 
 def node_index(key: str) -> int | None:

@@ -21,13 +21,13 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
+from . import tags
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
 from .passes import static_dims
 from .op_support import check_supported, supported_ops  # noqa: F401  (re-exported)
 
-_TAG = re.compile(r"^n(\d+(?:\+\d+)*)(?:_|$)")
 #: What may not appear in a C identifier (an input name becomes one: see _Importer._sanitize_name).
 _IDENTIFIER_BAD = re.compile(r"[^0-9A-Za-z_]")
 
@@ -59,7 +59,7 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
         index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
         if index is not None and isinstance(sym, relax.Expr):
-            sym = self._tag(sym, f"n{index}_{op_name}", [])
+            sym = self._tag(sym, tags.tag(index, op_name), [])
         return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
 
     def _tag(self, expr: relax.Expr, name: str, done: list[tuple[relax.Expr, relax.Var]]) -> relax.Expr:
@@ -232,7 +232,7 @@ class _OutputTagger(relax.PyExprMutator):
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
         if not isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.DataflowVar) \
-                and _TAG.match(value.name):
+                and tags.is_tagged(value.name):
             var = self.builder_.emit_output(self.visit_expr(value), value.name)
             self.set_var_remap(binding.var, var)
             return
@@ -350,5 +350,5 @@ def import_model(loaded: LoadedModel) -> ImportResult:
 
 def provenance_of(var_names: list[str], result: ImportResult) -> list[str]:
     """ONNX node names for a list of Relax var names (tags `n<index>_...`), in graph order."""
-    indices = sorted({int(i) for v in var_names if (m := _TAG.match(v)) for i in m.group(1).split("+")})
+    indices = sorted({i for v in var_names for i in tags.indices(v)})
     return [result.node_names[i] for i in indices if i < len(result.node_names)]

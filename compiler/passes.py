@@ -6,6 +6,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import tags
+
 
 def _np(const: relax.Expr) -> np.ndarray:
     return const.value.numpy()
@@ -164,15 +166,6 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
 
 # ------------------------------------------------------------------------ recognising decomposed ops
 
-def merged_tag(names: list[str], op: str) -> str:
-    """A provenance tag naming every ONNX node a rewritten binding stands for: `n1+2+9_LayerNorm`."""
-    import re
-
-    indices = sorted({int(i) for n in names if (m := re.match(r"^n(\d+(?:\+\d+)*)_", n))
-                      for i in m.group(1).split("+")})
-    return f"n{'+'.join(map(str, indices))}_{op}" if indices else op
-
-
 @relax.expr_functor.mutator
 class _Recognizer(relax.PyExprMutator):
     """Replace every binding matching `pattern` by `rewrite(matches)`; the new var carries a merged tag."""
@@ -207,9 +200,9 @@ class _Recognizer(relax.PyExprMutator):
                         if e in self.val2var and self.val2var[e] not in inputs} | {binding.var.name})
         new = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(new, names))
         if isinstance(binding.var, relax.DataflowVar) or not self._in_dataflow:
-            var = self.builder_.emit(new, merged_tag(names, self.label))
+            var = self.builder_.emit(new, tags.merged(names, self.label))
         else:   # the block's output (e.g. the model's last op): must stay visible outside the block
-            var = self.builder_.emit_output(new, merged_tag(names, self.label))
+            var = self.builder_.emit_output(new, tags.merged(names, self.label))
         self.rewritten.append(names)
         self.set_var_remap(binding.var, var)
 
@@ -231,7 +224,7 @@ class _Recognizer(relax.PyExprMutator):
             if isinstance(a, relax.Call):
                 inner = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(a, names))
                 label = a.op.name.rsplit(".", 1)[-1].capitalize() if isinstance(a.op, tvm.ir.Op) else self.label
-                a = self.builder_.emit(inner, merged_tag(names, label))
+                a = self.builder_.emit(inner, tags.merged(names, label))
             args.append(a)
         return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
 

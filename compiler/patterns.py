@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from . import tags
 from .hardware import Hardware, for_target
 
 
@@ -58,8 +59,8 @@ class Match:
     def ops(self) -> list[str]:
         """Operator names in graph order (by provenance tag; untagged bindings keep their place)."""
         def order(item: tuple[relax.Var, relax.Expr]) -> int:
-            head = item[0].name[1:].split("_", 1)[0].split("+")[0] if item[0].name.startswith("n") else ""
-            return int(head) if head.isdigit() else 1 << 30
+            found = tags.indices(item[0].name)
+            return found[0] if found else 1 << 30
 
         names = []
         for _, value in sorted(self.bindings.items(), key=order):
@@ -175,10 +176,8 @@ def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
 
 
 def merged_nodes(var: relax.Var | None) -> int:
-    """How many ONNX nodes a binding stands for (a recognised `n1+2+3_Op` tag counts each)."""
-    if var is None or not var.name.startswith("n") or "_" not in var.name:
-        return 1
-    return var.name[1:].split("_", 1)[0].count("+") + 1
+    """How many ONNX nodes a binding stands for (a recognised `n1x2x3_Op` tag counts each)."""
+    return max(1, len(tags.indices(var.name))) if var is not None else 1
 
 
 def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 import tvm
 from tvm import relax
 
+from . import tags
 from .cost import Decision
 
 _SUFFIX = re.compile(r"\d+$")
@@ -306,7 +307,6 @@ def count_ops(mod: tvm.IRModule) -> int:
     return count
 
 
-_TAGGED = re.compile(r"^n\d+(?:\+\d+)*_")
 
 
 def link_decisions(mod: tvm.IRModule, decisions: list[Decision]) -> dict[str, Decision]:
@@ -409,7 +409,7 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
     for d in decisions:
         if d.fused:
             for n in d.var_names:
-                if _TAGGED.match(n):
+                if tags.is_tagged(n):
                     by_name[n] = d
     main = mod["main"]
     groups: list[FusedGroup] = []

@@ -151,6 +151,17 @@ def test_attention_kernel_fits_each_architecture() -> None:
     assert used["sm_86"] < used["sm_90"]
 
 
+def test_provenance_tags_are_identifiers() -> None:
+    """Tags become kernel parameter names: a merged tag with '+' broke GPT-2's and LLaMA's CUDA."""
+    import re
+
+    from compiler import tags
+
+    merged = tags.merged(["n43_MatMul", "n44x45_Add", "lv"], "Matmul")
+    assert merged == "n43x44x45_Matmul" and re.fullmatch(r"[A-Za-z_]\w*", merged)
+    assert tags.indices(merged) == [43, 44, 45] and tags.indices("lv3") == []
+
+
 @needs_nvcc
 def test_input_names_become_valid_identifiers() -> None:
     build = compile_model(_slash_named_model(), options=CompileOptions(gpu_arch="sm_80", sass="require"))
