@@ -15,7 +15,8 @@
                                    a reason, and stamped with that decision
        5c replacements             hand-written kernels for groups that have one (attention)
        user passes "after_fusion"
-    6  LegalizeOps, AnnotateTIROpPattern, FoldConstant     Relax ops -> TIR PrimFuncs
+    6  LegalizeOps, AnnotateTIROpPattern, FoldConstant     Relax ops -> TIR PrimFuncs (CUDA: grouped convs as
+                                                        batched GEMMs, compiler/gpu_legalize.py)
     7  FuseOps, FuseTIR             generic fusion of the rest, one PrimFunc per group          [fusion]
        user passes "after_tir_fusion"
     8  schedules                    CPU: compiler.schedule.cpu; CUDA: dlight GPU rules         [schedule]
@@ -405,7 +406,13 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         rep.stage_s["replacements"] = time.perf_counter() - start
     mod = _run_user_passes("after_fusion", mod, options)
 
-    mod = stage("legalize", [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
+    if spec.is_gpu:   # grouped convs as batched GEMMs dlight's Matmul rule schedules (compiler/gpu_legalize.py)
+        from .gpu_legalize import legalize_map
+
+        legalize = T.LegalizeOps(customize_legalize_map=legalize_map())
+    else:
+        legalize = T.LegalizeOps()
+    mod = stage("legalize", [legalize, T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
     rep.ops_before_fusion = report.count_kernels(mod)
     if options.fusion:
         legalized = mod
