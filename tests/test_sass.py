@@ -289,3 +289,13 @@ def test_grouped_convs_get_gemm_schedules() -> None:
     convs = [k for k in rep.kernels if "conv" in k.kernel]
     assert len(convs) == 5 and {k.schedule for k in convs} == {"dlight.gpu.Matmul"}
     assert rep and not any(k.spills for k in rep.kernels)
+
+
+def test_reference_provider_follows_the_device() -> None:
+    import onnxruntime as ort
+
+    from verify.core import reference_providers
+
+    assert reference_providers(False) == ["CPUExecutionProvider"]
+    want = "CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers() else "CPUExecutionProvider"
+    assert reference_providers(True)[0] == want

@@ -147,9 +147,19 @@ class ModelVerdict:
                 "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict()}
 
 
+def reference_providers(gpu: bool) -> list[str]:
+    """ONNX Runtime's providers for the reference: its CUDA provider when the build is a GPU's and
+    onnxruntime-gpu is installed (same device, same math library family), else its CPU provider."""
+    import onnxruntime as ort
+
+    if gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
 def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, optimize: bool = False,
-                    threads: int | None = None) -> dict[str, np.ndarray]:
-    """The reference: ONNX Runtime's CPU provider, graph optimisations off unless asked."""
+                    threads: int | None = None, providers: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The reference: ONNX Runtime (its CPU provider unless `providers`), graph optimisations off unless asked."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -159,7 +169,7 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *,
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=providers or ["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     feed = {i.name: inputs[i.name] for i in session.get_inputs()}
     return dict(zip(names, session.run(names, feed)))
@@ -223,15 +233,19 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
     skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
     try:
         progress.stage("ONNX Runtime reference")
-        reference = None if skipped else run_onnxruntime(loaded.model, inputs)
+        providers = reference_providers(spec.is_gpu)
+        reference = None if skipped else run_onnxruntime(loaded.model, inputs, providers=providers)
     except Exception as err:  # ORT's own errors: a model it cannot run at these shapes is unusable input
         label = str(loaded.path) if loaded.path else loaded.name
         raise ModelError(f"{label}: ONNX Runtime cannot run it: {error_line(err)}{loaded.shape_hint()}") from err
     fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output)
     unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output)
+    notes = list(loaded.warnings)
+    if spec.is_gpu and not skipped:
+        notes.append(f"reference: ONNX Runtime {providers[0].removesuffix('ExecutionProvider')} provider")
     return ModelVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
                         input_shapes=loaded.input_shapes, seed=seed, fused=fused, unfused=unfused,
-                        skipped_run=skipped, warnings=list(loaded.warnings))
+                        skipped_run=skipped, warnings=notes)
 
 
 def verify_in_worker(source: str | bytes | SuiteSpec, *, timeout: float | None = None, worker: Any = None,
