@@ -32,7 +32,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -117,18 +117,6 @@ def _registry_id() -> dict[str, Any]:
     return {"patterns": pats, "passes": passes, "plugins": loaded}
 
 
-def _options_id(options: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in fields(options):
-        value = getattr(options, f.name)
-        if f.name == "extra_passes":
-            value = [(stage, _callable_id(fn)) for stage, fn in value]
-        elif isinstance(value, frozenset):
-            value = sorted(value)
-        out[f.name] = value
-    return out
-
-
 def _decision_db_id(spec: Any, options: Any) -> str:
     from . import decisions
 
@@ -159,7 +147,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
         "model": _sha(model_bytes),
         "name": name,
         "shapes": {k: [int(d) for d in v] for k, v in sorted(shapes.items())},
-        "options": _options_id(options),
+        "options": options.to_dict(passes=_callable_id),
         "target": [spec.kind, spec.arch, spec.num_cores],
         "host": host,
         "env": env,

@@ -13,7 +13,6 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx

@@ -36,8 +36,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,21 @@ class CompileOptions:
 
     def unfused(self) -> "CompileOptions":
         return replace(self, fusion=False)
+
+    def to_dict(self, passes: Callable[[PassLike], Any] | None = None) -> dict[str, Any]:
+        """Plain values, for the build cache's key, another tree's CompileOptions (the A/B gate) and the
+        artifact manifest: frozensets sorted; user passes left out, or each as `passes(fn)`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra_passes":
+                if passes is None:
+                    continue
+                value = [(stage, passes(fn)) for stage, fn in value]
+            elif isinstance(value, frozenset):
+                value = sorted(value)
+            out[f.name] = value
+        return out
 
     @property
     def config_label(self) -> str:

@@ -56,7 +56,7 @@ def test_materialize_is_cached_per_commit(two_commits, tmp_path: Path) -> None:
 def test_ab_flags_the_slowed_model_and_not_the_other(two_commits, tmp_path: Path) -> None:
     repo, a, b = two_commits
     tree_a, tree_b = (ab.materialize(c, repo, cache=tmp_path / "cache") for c in (a, b))
-    options = ab.options_dict(__import__("compiler.pipeline", fromlist=["CompileOptions"]).CompileOptions())
+    options = __import__("compiler.pipeline", fromlist=["CompileOptions"]).CompileOptions().to_dict()
     common = dict(options=options, threads=2, processes=2, repeats=5, env=timing_env(2), base_commit=a,
                   policy=GatePolicy(factor=1.5), max_processes=4, timeout=600)
     slowed = ab.ab_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 64))), tree_a, tree_b,

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from compiler import gpu_cost, sass
 from compiler.errors import CompileError
-from compiler.hardware import GPU_TABLE, for_target
+from compiler.hardware import GPU_TABLE
 from compiler.kernels.attention import choose_tiles, cuda_tile_budget
 from compiler.occupancy import launch_problems, occupancy
 from compiler.pipeline import CompileOptions, compile_model

@@ -332,12 +332,5 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
     return result
 
 
-def options_dict(options: Any) -> dict[str, Any]:
-    """CompileOptions as plain values for another tree's CompileOptions (unknown fields are dropped there)."""
-    d = {f.name: getattr(options, f.name) for f in fields(options) if f.name != "extra_passes"}
-    d["disabled_patterns"] = sorted(d.get("disabled_patterns") or ())
-    return d
-
-
 def verdict_is_failure(result: ABResult) -> bool:
     return result.error is not None or (result.gate is not None and result.gate.verdict is Verdict.SLOWER)

@@ -81,8 +81,7 @@ def write_artifact(source: Any, out_dir: str, *, options: Any, shapes: dict | No
         "target": {"label": compiled.target.label, "kind": compiled.target.kind, "arch": compiled.target.arch,
                    "class_id": compiled.target.class_id},
         "versions": _versions(),
-        "options": {k: (sorted(v) if isinstance(v, frozenset) else v)
-                    for k, v in vars(options).items() if k != "extra_passes"},
+        "options": options.to_dict(),
         "input_names": compiled.input_names,
         "input_shapes": {k: list(v) for k, v in loaded.input_shapes.items()},
         "output_names": list(loaded.output_names), "seed": seed,

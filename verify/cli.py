@@ -674,7 +674,7 @@ def _gate(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fuseguard-gate-") as tmp:
         for i, source in enumerate(sources):
             result = ab.ab_model(source, base_tree, ab.PROJECT_ROOT, base_commit=commit, workdir=Path(tmp) / str(i),
-                                 options=ab.options_dict(options), threads=threads, processes=args.processes,
+                                 options=options.to_dict(), threads=threads, processes=args.processes,
                                  repeats=args.repeats, policy=policy, timeout=args.timeout, env=env, shapes=shapes,
                                  progress=lambda m, i=i: console.print(f"[{i + 1}/{len(sources)}] {m}",
                                                                        highlight=False))

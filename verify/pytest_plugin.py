@@ -226,7 +226,7 @@ def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
         count[0] += 1
         key = getattr(source, "label", str(source))
         return ab.ab_model(source, base_tree, ab.PROJECT_ROOT, base_commit=commit, workdir=workdir / str(count[0]),
-                           options=ab.options_dict(compile_options), threads=threads,
+                           options=compile_options.to_dict(), threads=threads,
                            policy=gate.policy_for(key), timeout=cfg.getoption("--fuseguard-timeout"), env=env)
 
     return run
