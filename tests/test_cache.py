@@ -155,3 +155,18 @@ def test_no_cache_switch(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert not build_cache.compile_cached(loaded, CompileOptions()).cache_hit
     assert not build_cache.compile_cached(loaded, CompileOptions()).cache_hit
     assert not cache_dir.exists() or not any(cache_dir.iterdir())
+
+
+def test_profile_reuses_cached_builds(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fuseguard profile` builds through the cache: a second profile of the same model compiles nothing."""
+    from compiler import pipeline
+    from verify.core import SuiteSpec
+    from verify.profile import profile_model
+
+    spec = SuiteSpec("conv_bn_relu", (("batch", 1),), seed=0)
+    profile_model(spec, repeats=2, threads=1)
+    calls: list[str] = []
+    real = pipeline.compile_model
+    monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: calls.append("build") or real(*a, **k))
+    again = profile_model(spec, repeats=2, threads=1)
+    assert calls == [] and again.fused and again.unfused

@@ -536,7 +536,7 @@ class _Bisector:
     def _onnx_order_culprit(self, reference: Mapping[str, np.ndarray]) -> Culprit | None:
         """Bisect node order: the first prefix whose live tensors drift (unfused build vs ORT) ends at the culprit."""
         from compiler.onnx_loader import load
-        from compiler.pipeline import compile_model
+        from compiler.cache import compile_cached
 
         from .core import run_onnxruntime
 
@@ -552,7 +552,7 @@ class _Bisector:
             start = time.perf_counter()
             try:
                 sub_loaded = load(sub, {n: tuple(v.shape) for n, v in feed.items()}, name=f"prefix{k}")
-                compiled = compile_model(sub_loaded, options=self.options.unfused())
+                compiled = compile_cached(sub_loaded, self.options.unfused())
                 self.result.builds += 1
                 got = compiled.run(feed)
             except FuseguardError as err:

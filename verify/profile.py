@@ -236,7 +236,8 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                   name: str | None = None) -> ProfileResult:
     """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node."""
     from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions, compile_model
+    from compiler.cache import compile_cached
+    from compiler.pipeline import CompileOptions
     from compiler.plugins import load_env_plugins
     from compiler.target import host_cores
 
@@ -251,8 +252,8 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
     loaded = load(source, shapes, name=name)
     inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
     threads = threads or host_cores()
-    fused = compile_model(loaded, options=options)
-    unfused = compile_model(loaded, options=options.unfused())
+    fused = compile_cached(loaded, options)
+    unfused = compile_cached(loaded, options.unfused())
     fused_t, overhead = time_call_sites(fused, inputs, repeats=repeats)
     unfused_t, _ = time_call_sites(unfused, inputs, repeats=repeats)
     result = ProfileResult(model=loaded.name, cpu=fused.target.label, threads=threads, repeats=repeats,
