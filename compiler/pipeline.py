@@ -467,6 +467,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     rep.kernels = report.count_kernels(mod)
     rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
     mod = stage("memory_plan", finalize, mod)
+    rep.planned_bytes = report.planned_bytes(mod)
     rep.compile_s = time.perf_counter() - t0
     return mod, rep, unscheduled
 

@@ -55,6 +55,8 @@ class FusionReport:
     call_sites: list[dict] = field(default_factory=list)
     #: CUDA builds: every kernel compiled to SASS and its resources (compiler/sass.SassReport.to_dict)
     sass: dict | None = None
+    #: device storage the static memory plan allocates (`planned_bytes`)
+    planned_bytes: int = 0
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -70,7 +72,7 @@ class FusionReport:
             "ops_before_fusion": self.ops_before_fusion, "compile_s": self.compile_s,
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
-            "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass,
+            "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass, "planned_bytes": self.planned_bytes,
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
@@ -195,6 +197,26 @@ def memory_traffic(mod: tvm.IRModule) -> tuple[int, int]:
     ins = sum(_bytes(p.ty) for p in main.params)
     outs = _bytes(main.body.body.ty) if isinstance(main.body, relax.SeqExpr) else 0
     return total, ins + sum(n for _, n in weights) + outs
+
+
+def planned_bytes(mod: tvm.IRModule) -> int:
+    """Bytes of device storage the static memory plan allocates for `main` (after memory planning): the
+    activations' peak as planned, weights excluded. Deterministic, so a growth is a real one."""
+    total = 0
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal total
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in (
+                "relax.vm.alloc_storage", "relax.memory.alloc_storage") and isinstance(expr.args[0], relax.ShapeExpr):
+            dims = expr.args[0].values
+            if all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+                n = 1
+                for d in dims:
+                    n *= int(d.value)
+                total += n
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return total
 
 
 def _call_tir_sites(mod: tvm.IRModule) -> list[tuple[str, str, int]]:

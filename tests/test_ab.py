@@ -103,3 +103,24 @@ def test_per_process_modes_cancel() -> None:
             {"base": [1.5, 1.51, 1.49], "candidate": [1.5, 1.49, 1.51]}]
     base, cand = ab.pooled(runs)
     assert np.median(cand) == pytest.approx(1.0, abs=0.02) and np.median(base) == pytest.approx(1.0, abs=0.02)
+
+
+def test_compile_time_and_planned_memory_are_gated() -> None:
+    """Resource gates at Inductor's 1.15x: planned memory exactly, compile time above a noise floor."""
+    from verify.gate import GateResult
+
+    def result(compile_s, planned) -> ab.ABResult:
+        gate = GateResult(name="m", verdict=Verdict.SAME, ratio=1.0, ci=(0.98, 1.02), p_value=0.5, n_candidate=10,
+                          n_baseline=10, factor=1.1, confidence=0.95, normalised=True)
+        return ab.ABResult(model="m", base_commit="0" * 40, gate=gate, compile_s=compile_s, planned_bytes=planned)
+
+    same = result({"base": 10.0, "candidate": 11.0}, {"base": 1 << 20, "candidate": 1 << 20})
+    assert same and not ab.verdict_is_failure(same)
+    slow = result({"base": 10.0, "candidate": 12.0}, {"base": 1 << 20, "candidate": 1 << 20})
+    assert not slow and ab.verdict_is_failure(slow) and "compile time 10.0 s -> 12.0 s (1.20x)" in slow.line()
+    tiny = result({"base": 0.5, "candidate": 1.0}, None)       # under the floor: noise, not gated
+    assert tiny and not tiny.resource_regressions()
+    big = result({"base": 10.0, "candidate": 10.0}, {"base": 1 << 20, "candidate": 3 << 19})
+    assert not big and "planned memory 1.0 MiB -> 1.5 MiB (1.50x)" in big.line()
+    old_base = result({"base": 10.0, "candidate": 10.0}, {"base": None, "candidate": 1 << 20})
+    assert old_base       # a base tree that predates planned memory is not gated on it

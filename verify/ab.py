@@ -29,6 +29,14 @@ from .gate import GatePolicy, GateResult, Measurement, Verdict, evaluate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("base", "candidate")
+#: Compile time and planned memory fail past this factor, the one PyTorch's Inductor dashboard gates compile
+#: time at. Planned memory is deterministic (the static plan's bytes); compile time is not.
+RESOURCE_FACTOR = 1.15
+#: Builds shorter than this are not compile-time gated: process start-up and scheduling noise on a shared
+#: 2-core machine moves a 1 s build by +-30% (measured: conv_bn_relu 0.8-1.2 s over ten builds).
+COMPILE_FLOOR_S = 2.0
+#: A compile-time excess is confirmed by this many more builds of each arm, interleaved, medians compared.
+COMPILE_CONFIRM_BUILDS = 2
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -125,8 +133,9 @@ def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str
     compiled.executable.export_library(str(out / f"{label}.so"))
     outputs = compiled.run(inputs)
     np.savez(out / f"{label}-outputs.npz", **{f"output_{i}": o for i, o in enumerate(outputs)})
-    kernels = getattr(getattr(compiled, "report", None), "kernels", None)
-    return {"input_names": list(compiled.input_names), "compile_s": compile_s, "kernels": kernels,
+    report = getattr(compiled, "report", None)
+    return {"input_names": list(compiled.input_names), "compile_s": compile_s,
+            "kernels": getattr(report, "kernels", None), "planned_bytes": getattr(report, "planned_bytes", None),
             "output_names": list(getattr(compiled, "output_names", []) or [])}
 
 
@@ -218,12 +227,26 @@ class ABResult:
     ort_ms: float | None = None
     outputs_match: bool | None = None
     outputs_note: str = ""
-    compile_s: dict[str, float] | None = None
+    compile_s: dict[str, float] | None = None        # median build time per arm
+    planned_bytes: dict[str, int | None] | None = None
     kernels: dict[str, Any] | None = None
     error: str | None = None
 
     def __bool__(self) -> bool:
-        return self.error is None and self.gate is not None and not self.gate.regressed
+        return self.error is None and self.gate is not None and not self.gate.regressed \
+            and not self.resource_regressions()
+
+    def resource_regressions(self) -> list[str]:
+        """Compile time or planned memory past RESOURCE_FACTOR of the base's (empty when neither)."""
+        out = []
+        c = self.compile_s or {}
+        if c.get("base") and c.get("candidate", 0) >= COMPILE_FLOOR_S and c["candidate"] > RESOURCE_FACTOR * c["base"]:
+            out.append(f"compile time {c['base']:.1f} s -> {c['candidate']:.1f} s ({c['candidate'] / c['base']:.2f}x)")
+        m = self.planned_bytes or {}
+        if m.get("base") and m.get("candidate") and m["candidate"] > RESOURCE_FACTOR * m["base"]:
+            out.append(f"planned memory {m['base'] / 2**20:.1f} MiB -> {m['candidate'] / 2**20:.1f} MiB "
+                       f"({m['candidate'] / m['base']:.2f}x)")
+        return out
 
     @property
     def regressed(self) -> bool:
@@ -242,11 +265,14 @@ class ABResult:
             text += f"; base {self.base_ms:.3f} ms, candidate {self.candidate_ms:.3f} ms, ORT {self.ort_ms:.3f} ms"
         if self.outputs_match is False:
             text += f"; OUTPUTS CHANGED: {self.outputs_note}"
+        for what in self.resource_regressions():
+            text += f"; REGRESSED {what} (gate {RESOURCE_FACTOR}x)"
         return text
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["verdict"] = self.verdict
+        d["resource_regressions"] = self.resource_regressions()
         if self.gate is not None:
             d["gate"] = {**asdict(self.gate), "verdict": self.gate.verdict.value, "line": self.gate.line()}
         return d
@@ -291,15 +317,27 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
         inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
         np.savez(workdir / "inputs.npz", **inputs)
         meta: dict[str, Any] = {"model": name}
-        for label, tree in (("base", base_tree), ("candidate", candidate_tree)):
-            say(f"{name}: compiling with the {label} compiler ({tree})")
-            with Worker(sys_path=[str(tree)], env=dict(env or {}), forward_output=False) as worker:
-                meta[label] = worker.call("verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
-                                          timeout=timeout, tree=str(tree), model_path=str(workdir / "model.onnx"),
-                                          inputs_path=str(workdir / "inputs.npz"), options=dict(options),
-                                          out_dir=str(workdir), label=label)
+        trees = {"base": base_tree, "candidate": candidate_tree}
+
+        def build(label: str) -> dict[str, Any]:
+            say(f"{name}: compiling with the {label} compiler ({trees[label]})")
+            with Worker(sys_path=[str(trees[label])], env=dict(env or {}), forward_output=False) as worker:
+                return worker.call("verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
+                                   timeout=timeout, tree=str(trees[label]), model_path=str(workdir / "model.onnx"),
+                                   inputs_path=str(workdir / "inputs.npz"), options=dict(options),
+                                   out_dir=str(workdir), label=label)
+
+        for label in ARMS:
+            meta[label] = build(label)
         (workdir / "meta.json").write_text(json.dumps(meta))
-        result.compile_s = {k: meta[k]["compile_s"] for k in ARMS}
+        times = {k: [meta[k]["compile_s"]] for k in ARMS}
+        result.compile_s = {k: times[k][0] for k in ARMS}
+        if result.resource_regressions() and any("compile time" in r for r in result.resource_regressions()):
+            for _ in range(COMPILE_CONFIRM_BUILDS):      # confirm: more builds of each, interleaved
+                for label in ARMS:
+                    times[label].append(build(label)["compile_s"])
+            result.compile_s = {k: float(np.median(v)) for k, v in times.items()}
+        result.planned_bytes = {k: meta[k].get("planned_bytes") for k in ARMS}
         result.kernels = {k: meta[k]["kernels"] for k in ARMS}
         result.outputs_match, result.outputs_note = compare_arm_outputs(workdir)
 
@@ -333,4 +371,5 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
 
 
 def verdict_is_failure(result: ABResult) -> bool:
-    return result.error is not None or (result.gate is not None and result.gate.verdict is Verdict.SLOWER)
+    return result.error is not None or (result.gate is not None and result.gate.verdict is Verdict.SLOWER) \
+        or bool(result.resource_regressions())

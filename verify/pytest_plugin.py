@@ -172,6 +172,8 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
                 pytest.fail(f"A/B gate: {result.line()}", pytrace=False)
             if result.regressed:
                 pytest.fail(f"latency regression against {rev}: {result.line()}", pytrace=False)
+            if result.resource_regressions():
+                pytest.fail(f"compile-time or memory regression against {rev}: {result.line()}", pytrace=False)
             return result
         if not path.exists() and not cfg.getoption("--update-baselines") and not told:
             told.append(True)
