@@ -147,6 +147,10 @@ class CompiledModel:
 
     def vm(self) -> relax.VirtualMachine:
         if self._vm is None:
+            if self.target.is_gpu:       # the kernels are compiled when the library loads (compiler/cuda_jit.py)
+                from .cuda_jit import install
+
+                install()
             self._vm = relax.VirtualMachine(self.executable, self.device())
         return self._vm
 

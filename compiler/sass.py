@@ -257,8 +257,8 @@ def tir_launch_info(mod: Any) -> dict[str, tuple[int | None, int]]:
     return out
 
 
-def _compile(source: str, arch: str, tk: Toolkit) -> tuple[str, float]:
-    """ptxas's log for `source` compiled to a cubin for `arch`."""
+def compile_cubin(source: str, arch: str, tk: Toolkit) -> tuple[bytes, str, float]:
+    """`source` compiled to a cubin for `arch`: (the cubin, ptxas's log, seconds)."""
     with tempfile.TemporaryDirectory(prefix="fuseguard-sass-") as tmp:
         cu = Path(tmp) / "kernels.cu"
         cu.write_text(source)
@@ -274,7 +274,13 @@ def _compile(source: str, arch: str, tk: Toolkit) -> tuple[str, float]:
             first = errors[0] if errors else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise CompileError(f"the generated CUDA does not compile for {arch} with nvcc {tk.version}: "
                                f"{first[:300]} ({len(errors)} error line(s))", stage="sass")
-        return proc.stdout + proc.stderr, elapsed
+        return (Path(tmp) / "kernels.cubin").read_bytes(), proc.stdout + proc.stderr, elapsed
+
+
+def _compile(source: str, arch: str, tk: Toolkit) -> tuple[str, float]:
+    """ptxas's log for `source` compiled to a cubin for `arch`."""
+    _, log, elapsed = compile_cubin(source, arch, tk)
+    return log, elapsed
 
 
 def _cache_dir() -> Path:

@@ -299,3 +299,18 @@ def test_reference_provider_follows_the_device() -> None:
     assert reference_providers(False) == ["CPUExecutionProvider"]
     want = "CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers() else "CPUExecutionProvider"
     assert reference_providers(True)[0] == want
+
+
+@needs_nvcc
+def test_cuda_jit_callback_compiles_what_the_check_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, TVM compiles the kernels' source through `tvm_callback_cuda_compile` when the library loads:
+    fuseguard's callback returns a cubin built by the checked nvcc for the device's architecture."""
+    import tvm_ffi
+
+    from compiler import cuda_jit
+
+    monkeypatch.setenv("FUSEGUARD_CUDA_ARCH", "sm_90")
+    build = compile_model(get_model("mlp_gelu").make({}, seed=0), options=CompileOptions(gpu_arch="sm_90", sass="off"))
+    assert cuda_jit.install()
+    cubin = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(build.cuda_source())
+    assert bytes(cubin[:4]) == b"\x7fELF"
