@@ -139,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("action", choices=["info", "clear"])
     ca.add_argument("--cache-dir", default=None, metavar="DIR", help="default: FUSEGUARD_CACHE_DIR or ~/.cache/fuseguard")
 
+    db = sub.add_parser("device-bundle", help="prebuilt CUDA libraries + TVM's runtime for the device check "
+                                             "(scripts/gpu-check.sh runs it on a GPU machine with no TVM)")
+    db.add_argument("--gpu-arch", default="sm_90", metavar="sm_XX", help="the device's architecture (default sm_90)")
+    db.add_argument("--out", required=True, metavar="DIR", help="the bundle's folder (carry it to the device)")
+    db.add_argument("--mode", choices=("smoke", "full"), default="full",
+                    help="smoke: the <5-minute subset only (default: full, which also holds the smoke subset)")
+
     sub.add_parser("patterns", help="list the fusion patterns")
     from .bisect import add_bisect_parser
 
@@ -704,6 +711,18 @@ def _cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _device_bundle(args: argparse.Namespace) -> int:
+    from compiler.target import resolve
+
+    from .device_bundle import make_bundle
+
+    resolve(args.gpu_arch)       # a bad --gpu-arch is a usage error before anything builds
+    manifest = make_bundle(args.out, target=args.gpu_arch, mode=args.mode)
+    print(f"{args.out}: {len(manifest['entries'])} models fused and unfused for {args.gpu_arch}, "
+          f"{manifest['bytes'] / 2**20:.1f} MiB; on the device: bash scripts/gpu-check.sh {args.out} smoke|full")
+    return EXIT_OK
+
+
 def _patterns(args: argparse.Namespace) -> int:
     from compiler.patterns import PATTERNS
 
@@ -722,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
                "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache, "compile": _compile,
+               "device-bundle": _device_bundle,
                "bisect": run_bisect}[args.command]
     from .options import apply_cache_options, getter
 
