@@ -37,8 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-ENV_DIR = "FUSEGUARD_CACHE_DIR"
-ENV_OFF = "FUSEGUARD_NO_CACHE"
+from .paths import ENV_DIR, ENV_OFF, enabled, home  # noqa: F401  (re-exported: compiler.cache.home, ...)
+
 ENV_MAX_MB = "FUSEGUARD_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 4096
 #: Environment variables that change generated code (their values join the key).
@@ -49,17 +49,6 @@ FORMAT = 1
 _LIB = "lib.so"
 _META = "meta.json"
 _warned: set[str] = set()
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV_OFF, "").strip().lower() not in ("1", "true", "yes", "on")
-
-
-def home() -> Path:
-    """fuseguard's cache directory: `FUSEGUARD_CACHE_DIR`, else `$XDG_CACHE_HOME/fuseguard`, else
-    `~/.cache/fuseguard` (builds here, base revisions of the A/B gate in `revs/`)."""
-    env = os.environ.get(ENV_DIR)
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuseguard"
 
 
 def root() -> Path:

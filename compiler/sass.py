@@ -30,6 +30,7 @@ from typing import Any
 from .errors import CompileError, UsageError
 from .hardware import Hardware
 from .occupancy import launch_problems, occupancy
+from .paths import enabled, home
 
 #: nvcc flags: TVM's own CUDA compile path uses --use_fast_math and ptxas -O3 (its default).
 NVCC_FLAGS = ("--cubin", "-O3", "--use_fast_math", "-w")
@@ -284,14 +285,10 @@ def _compile(source: str, arch: str, tk: Toolkit) -> tuple[str, float]:
 
 
 def _cache_dir() -> Path:
-    from .cache import home
-
     return home() / "sass"
 
 
 def _cached_log(source: str, arch: str, tk: Toolkit) -> tuple[str, float, bool]:
-    from .cache import enabled
-
     key = hashlib.sha256(json.dumps([FORMAT, tk.version, nvcc_flags(arch), source]).encode()).hexdigest()
     path = _cache_dir() / f"{key}.json"
     if enabled() and path.is_file():
