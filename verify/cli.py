@@ -83,13 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
 
     bl = sub.add_parser("baseline", help="per-architecture latency baselines: update, check, import, export")
-    bl.add_argument("action", choices=["update", "check", "show", "import", "export"],
+    bl.add_argument("action", choices=["update", "check", "show", "history", "import", "export"],
                     help="update: measure and record; check: gate against the baseline; show: list entries; "
+                         "history: each entry per commit of the baseline file (--plot FILE.png|.html); "
                          "import/export: pytest-benchmark JSON (--pytest-benchmark FILE)")
     bl.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (default: latency set)")
     _add_build_options(bl)
     bl.add_argument("--baseline-dir", default=None, metavar="DIR", help="default: the repo's baselines/")
     bl.add_argument("--pytest-benchmark", default=None, metavar="FILE", help="for import/export")
+    bl.add_argument("--plot", default=None, metavar="FILE", help="history: write the trend as PNG or HTML")
     bl.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
     pr = sub.add_parser("profile", help="time every kernel of the fused and unfused build: each fused group "
@@ -481,6 +483,19 @@ def _baseline(args: argparse.Namespace) -> int:
             norm = f", {e.normalised:.3f}x reference" if e.normalised is not None else ""
             print(f"{key}: median {e.median_ms:.3f} ms, IQR {e.iqr_ms:.3f} ms, n={e.n}{norm}")
         print(f"{len(doc)} entries in {path}")
+        return EXIT_OK
+    if args.action == "history":
+        from rich.console import Console
+
+        from .history import baseline_history, plot, render_table
+
+        names = [Path(m).stem if m.endswith(".onnx") else m for m in args.models]
+        points = baseline_history(path, names)
+        if not points:
+            raise UsageError(f"baseline history: no entry for {', '.join(names) or 'any model'} in {path}'s history")
+        Console().print(render_table(points))
+        if args.plot:
+            print(f"wrote {plot(points, args.plot)}")
         return EXIT_OK
     if args.action in ("import", "export"):
         if not args.pytest_benchmark:
