@@ -56,3 +56,30 @@ def test_html_report_of_a_real_run(tmp_path: Path) -> None:
     assert "tiny" in text and "PASS" in text and "max |err|" in text and "fusion groups" in text
     images = re.findall(r"src='data:image/png;base64,([^']+)'", text)
     assert images and all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+
+
+def _bench_result(model: str, fused: float) -> dict:
+    return {"model": model, "tvm_fused_ms": fused, "tvm_unfused_ms": 2 * fused, "ort_ms": 1.0, "ort_noopt_ms": 1.5,
+            "fused_vs_ort": fused, "fusion_gain": 2.0, "fused_vs_ort_ci": (fused * 0.9, fused * 1.1),
+            "fusion_gain_ci": (1.9, 2.1), "between_process_spread": 0.03, "kernels_fused": 3, "kernels_unfused": 9,
+            "compile_s": 1.2, "unfused_compile_s": 0.8}
+
+
+def test_bench_page_has_every_model_and_a_chart() -> None:
+    from verify.html import render_bench
+
+    page = render_bench([_bench_result("resnet50", 1.17), _bench_result("mlp_gelu", 0.8)], note="2 threads")
+    assert page.count("<tr>") == 3 and "resnet50" in page and "1.17 (1.05-1.29)" in page
+    assert page.count("data:image/png;base64,") == 1 and page.rstrip().endswith("</html>")
+
+
+def test_gate_page_marks_regressions() -> None:
+    from verify.html import render_gate
+
+    ok = {"model": "m1", "verdict": "same", "gate": {"ratio": 1.01, "ci": (0.98, 1.04), "p_value": 0.4, "factor": 1.1},
+          "base_ms": 1.0, "candidate_ms": 1.01, "ort_ms": 1.2, "compile_s": {"base": 3.0, "candidate": 3.1},
+          "planned_bytes": {"base": 2**20, "candidate": 2**20}, "outputs_match": True, "resource_regressions": []}
+    bad = {**ok, "model": "m2", "resource_regressions": ["compile time 3.0 s -> 4.0 s (1.33x)"]}
+    page = render_gate([ok, bad], base="a" * 40)
+    assert "<span class='PASS'>same</span>" in page and "<span class='FAIL'>same</span>" in page
+    assert "compile time 3.0 s -&gt; 4.0 s" in page and "data:image/png;base64," in page

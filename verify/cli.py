@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fresh timing processes, each loading the exported builds (default 3; ratios get a "
                         "95%% interval over them)")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    b.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (times, "
+                   "ratios against ONNX Runtime with intervals, chart)")
     b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
 
     bl = sub.add_parser("baseline", help="per-architecture latency baselines: update, check, import, export")
@@ -136,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ga.add_argument("--factor", type=slowdown_factor, default=1.10, help="slowdown that fails (default 1.10)")
     ga.add_argument("--json", default=None, metavar="FILE", help="write the verdicts as JSON")
+    ga.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (verdicts, "
+                    "ratio chart, compile time, planned memory)")
 
     ca = sub.add_parser("cache", help="the build cache: info (entries, size, where) or clear")
     ca.add_argument("action", choices=["info", "clear"])
@@ -463,6 +467,13 @@ def _bench(args: argparse.Namespace) -> int:
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
+    if args.html:
+        from .atomic import atomic_write_text
+        from .html import render_bench
+
+        atomic_write_text(args.html, render_bench([r.to_dict() for r in results], note=f"{threads} threads, "
+                          f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'}"))
+        print(f"wrote {args.html}")
     return worst
 
 
@@ -706,6 +717,12 @@ def _gate(args: argparse.Namespace) -> int:
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, {"base": commit, "results": [r.to_dict() for r in results]})
+    if args.html:
+        from .atomic import atomic_write_text
+        from .html import render_gate
+
+        atomic_write_text(args.html, render_gate([r.to_dict() for r in results], base=commit))
+        print(f"wrote {args.html}")
     failed = [r for r in results if ab.verdict_is_failure(r)]
     changed = [r for r in results if r.outputs_match is False]
     print(f"fuseguard gate: {len(results) - len(failed)}/{len(results)} passed against {commit[:12]}"

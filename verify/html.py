@@ -165,3 +165,87 @@ def _model_section(r: Mapping[str, Any]) -> str:
             out.append(_table(["group", "pattern", "ops", "ONNX nodes", "schedule", "why"], groups))
             out.append("</details>")
     return "\n".join(out)
+
+
+def _page(title: str, note: str, body: Sequence[str]) -> str:
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return "\n".join([f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+                      f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"
+                      f"<p><small>{now}{' &middot; ' + _e(note) if note else ''}</small></p>", *body, "</body></html>"])
+
+
+def _ci(ci: Any) -> str:
+    return f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+
+
+def _ratio_plot(names: Sequence[str], series: Mapping[str, tuple[Sequence[float], Sequence[Any]]],
+                line: float | None, ylabel: str) -> str:
+    """Grouped bars per model, one per series (value, (lo, hi) interval or None), with a reference line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(names) + 2), 3.6))
+    width = 0.8 / max(1, len(series))
+    for i, (label, (values, cis)) in enumerate(series.items()):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(names))]
+        err = [[max(0.0, v - (c[0] if c else v)) for v, c in zip(values, cis)],
+               [max(0.0, (c[1] if c else v) - v) for v, c in zip(values, cis)]]
+        ax.bar(xs, values, width, yerr=err, capsize=3, label=label)
+    if line is not None:
+        ax.axhline(line, color="#b3261e", lw=1, ls="--")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def render_bench(results: Sequence[Mapping[str, Any]], *, title: str = "fuseguard bench", note: str = "") -> str:
+    """The page for `fuseguard bench --json`'s result dicts: times, ratios against ONNX Runtime measured in
+    the same run (with their intervals), and a chart of both ratios per model."""
+    rows = [[r["model"], r["tvm_fused_ms"], r["tvm_unfused_ms"], r["ort_ms"], r["ort_noopt_ms"],
+             f"{r['fused_vs_ort']:.2f} ({_ci(r.get('fused_vs_ort_ci'))})",
+             f"{r['fusion_gain']:.2f} ({_ci(r.get('fusion_gain_ci'))})", f"{r['between_process_spread']:.1%}",
+             f"{r['kernels_fused']} / {r['kernels_unfused']}", f"{r['compile_s']:.1f} / {r['unfused_compile_s']:.1f}"]
+            for r in results]
+    body = [_table(["model", "TVM fused ms", "TVM unfused ms", "ORT ms", "ORT no-opt ms", "fused / ORT (95% CI)",
+                    "unfused / fused (95% CI)", "spread between processes", "kernels fused / unfused",
+                    "compile s fused / unfused"], rows, numeric=(1, 2, 3, 4))]
+    if results:
+        names = [r["model"].split("[", 1)[0] for r in results]
+        body.append("<h2>ratios</h2><p>fused / ORT below the dashed line is faster than ONNX Runtime; "
+                    "unfused / fused above it is fusion that pays.</p>")
+        body.append(f"<img alt='ratios per model' src='{_ratio_plot(names, {'fused / ORT': ([r['fused_vs_ort'] for r in results], [r.get('fused_vs_ort_ci') for r in results]), 'unfused / fused': ([r['fusion_gain'] for r in results], [r.get('fusion_gain_ci') for r in results])}, 1.0, 'ratio')}'>")
+    return _page(title, note, body)
+
+
+def render_gate(results: Sequence[Mapping[str, Any]], *, base: str, title: str = "fuseguard gate",
+                note: str = "") -> str:
+    """The page for `fuseguard gate --json`: per model the verdict, the candidate/base ratio with its
+    interval against the factor, times of both arms and ONNX Runtime, compile time, planned memory, outputs."""
+    rows, names, ratios, cis = [], [], [], []
+    factor = None
+    for r in results:
+        g = r.get("gate") or {}
+        verdict = r.get("verdict", "error")
+        cls = "FAIL" if verdict in ("slower", "error") or r.get("resource_regressions") else "PASS"
+        comp, mem = r.get("compile_s") or {}, r.get("planned_bytes") or {}
+        rows.append([r["model"], ("raw", f"<span class='{cls}'>{_e(verdict)}</span>"),
+                     g.get("ratio"), _ci(g.get("ci")), g.get("p_value"), r.get("base_ms"), r.get("candidate_ms"),
+                     r.get("ort_ms"), f"{_fmt(comp.get('base'))} / {_fmt(comp.get('candidate'))}",
+                     f"{_fmt((mem.get('base') or 0) / 2**20)} / {_fmt((mem.get('candidate') or 0) / 2**20)}",
+                     {True: "same", False: "CHANGED", None: "-"}[r.get("outputs_match")],
+                     "; ".join(r.get("resource_regressions") or []) or r.get("error") or ""])
+        if g.get("ratio") is not None:
+            names.append(r["model"].split("[", 1)[0])
+            ratios.append(g["ratio"])
+            cis.append(g.get("ci"))
+            factor = g.get("factor", factor)
+    body = [_table(["model", "verdict", "candidate / base", "95% CI", "p", "base ms", "candidate ms", "ORT ms",
+                    "compile s base / candidate", "planned MiB base / candidate", "outputs", "regressions"], rows,
+                   numeric=(2, 4, 5, 6, 7))]
+    if names:
+        body.append(f"<h2>candidate / base</h2><p>the dashed line is the gate's factor ({_fmt(factor)}x).</p>"
+                    f"<img alt='ratios' src='{_ratio_plot(names, {'candidate / base': (ratios, cis)}, factor, 'ratio')}'>")
+    return _page(title, f"base {base[:12]}" + (f" · {note}" if note else ""), body)
