@@ -16,9 +16,10 @@ from suites.models import SuiteModel, suite_models, zoo_models
 
 ARCHS = ("sm_80", "sm_90")
 #: Real models in the default run, each on one architecture (both with --sass-full, with every other real
-#: model): a convnet from the onnx wheel, a depthwise convnet and two transformers exported by torch
-#: (GPT-2's rewritten Conv1D matmuls carry merged provenance tags). 15-20 s each on a 2-core Zen4.
-DEFAULT_REAL = {"squeezenet": "sm_80", "mobilenet_v2": "sm_90", "bert_tiny": "sm_80", "gpt2_tiny": "sm_90"}
+#: model): a convnet from the onnx wheel (24 s cold on a 2-core Zen4) and two transformers exported by torch
+#: (GPT-2's rewritten Conv1D matmuls carry merged provenance tags; 6-7 s each). MobileNet-V2 (28 s) and the
+#: other convnets run nightly: CI's pytest is at 28 of its ~30 minutes.
+DEFAULT_REAL = {"squeezenet": "sm_80", "bert_tiny": "sm_80", "gpt2_tiny": "sm_90"}
 
 
 def _params() -> list:
