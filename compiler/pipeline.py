@@ -543,14 +543,20 @@ def _check_gpu_kernels(mod: tvm.IRModule, spec: TargetSpec, options: CompileOpti
             continue
         bad = [p for k in kernels for p in k.problems]
         if bad:
-            vetoes[(d.pattern, tuple(d.inputs))] = f"the fused kernel {bad[0]} on {spec.arch} (ptxas); its parts do not"
+            vetoes[(d.pattern, tuple(d.inputs))] = (f"the fused kernel {bad[0]} on {spec.arch} (ptxas); built "
+                                                    f"without this fusion")
         elif min(_occ(k) for k in kernels) < gpu_cost.saturation(hw):
             suspects.append((g, d, kernels))
     if suspects:
         # below saturation occupancy costs bandwidth: weigh it against the parts, built and checked unfused
-        parts_build = compile_relax(mod, replace(options.unfused(), sass="auto"), name=name, provenance=provenance)
-        parts_sass = sass.SassReport.from_dict(parts_build.report.sass or {"arch": spec.arch, "toolkit": "",
-                                                                           "flags": []})
+        try:
+            parts_build = compile_relax(mod, replace(options.unfused(), sass="auto"), name=name, provenance=provenance)
+        except CompileError as err:
+            # the parts do not build for this architecture: nothing to weigh against, the fused build stands
+            suspects, parts_build = [], None
+            progress.stage(f"sass: parts not weighed ({error_line(err)})")
+        parts_sass = sass.SassReport.from_dict((parts_build.report.sass if parts_build else None)
+                                               or {"arch": spec.arch, "toolkit": "", "flags": []})
         occ = {}
         for k in parts_sass.kernels:
             occ[k.function] = min(occ.get(k.function, 1.0), _occ(k))
