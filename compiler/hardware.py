@@ -63,7 +63,7 @@ GPU_TABLE: dict[str, Hardware] = {
     # H200: Hopper sm_90 with HBM3e
     "h200": Hardware("NVIDIA H200", "cuda", "sm_90", 4800.0, 50 * MiB, 3.0, sm_count=132,
                      smem_per_sm_bytes=228 * KiB, smem_per_block_bytes=227 * KiB, regs_per_sm=65536,
-                      max_threads_per_sm=2048, max_blocks_per_sm=32),
+                     max_threads_per_sm=2048, max_blocks_per_sm=32),
 }
 
 SUPPORTED_GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")

@@ -73,10 +73,6 @@ class Toolkit:
     nvcc: str
     version: str                  # "13.0.88"
 
-    @property
-    def release(self) -> str:
-        return ".".join(self.version.split(".")[:2])
-
 
 def _candidates() -> list[Path]:
     out: list[Path] = []
@@ -278,12 +274,6 @@ def compile_cubin(source: str, arch: str, tk: Toolkit) -> tuple[bytes, str, floa
         return (Path(tmp) / "kernels.cubin").read_bytes(), proc.stdout + proc.stderr, elapsed
 
 
-def _compile(source: str, arch: str, tk: Toolkit) -> tuple[str, float]:
-    """ptxas's log for `source` compiled to a cubin for `arch`."""
-    _, log, elapsed = compile_cubin(source, arch, tk)
-    return log, elapsed
-
-
 def _cache_dir() -> Path:
     return home() / "sass"
 
@@ -297,7 +287,7 @@ def _cached_log(source: str, arch: str, tk: Toolkit) -> tuple[str, float, bool]:
             return d["log"], d["compile_s"], True
         except (OSError, ValueError, KeyError):
             pass
-    log, elapsed = _compile(source, arch, tk)
+    _, log, elapsed = compile_cubin(source, arch, tk)
     if enabled():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

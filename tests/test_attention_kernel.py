@@ -23,6 +23,7 @@ from compiler.kernels import (
     cuda_max_shared_bytes,
     host_target,
 )
+from compiler.target import cuda_device_present
 
 CPU = host_target()
 SM80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
@@ -291,15 +292,9 @@ def test_relax_call_tir_end_to_end(with_mask: bool) -> None:
     np.testing.assert_allclose(got, reference(q, k, v, 0.25, mask) + 1.0, rtol=1e-4, atol=1e-4)
 
 
-def _cuda_device_present() -> bool:
-    try:
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # pylint: disable=broad-exception-caught
-        return False
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda_device_present(), reason="no CUDA device")
+@pytest.mark.skipif(not cuda_device_present(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_cuda_device_matches_numpy(dtype: str) -> None:
     dev = tvm.cuda(0)

@@ -236,11 +236,16 @@ class ABResult:
         return self.error is None and self.gate is not None and not self.gate.regressed \
             and not self.resource_regressions()
 
+    def compile_regressed(self) -> bool:
+        c = self.compile_s or {}
+        return bool(c.get("base")) and c.get("candidate", 0) >= COMPILE_FLOOR_S \
+            and c["candidate"] > RESOURCE_FACTOR * c["base"]
+
     def resource_regressions(self) -> list[str]:
         """Compile time or planned memory past RESOURCE_FACTOR of the base's (empty when neither)."""
         out = []
         c = self.compile_s or {}
-        if c.get("base") and c.get("candidate", 0) >= COMPILE_FLOOR_S and c["candidate"] > RESOURCE_FACTOR * c["base"]:
+        if self.compile_regressed():
             out.append(f"compile time {c['base']:.1f} s -> {c['candidate']:.1f} s ({c['candidate'] / c['base']:.2f}x)")
         m = self.planned_bytes or {}
         if m.get("base") and m.get("candidate") and m["candidate"] > RESOURCE_FACTOR * m["base"]:
@@ -332,7 +337,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
         (workdir / "meta.json").write_text(json.dumps(meta))
         times = {k: [meta[k]["compile_s"]] for k in ARMS}
         result.compile_s = {k: times[k][0] for k in ARMS}
-        if result.resource_regressions() and any("compile time" in r for r in result.resource_regressions()):
+        if result.compile_regressed():
             for _ in range(COMPILE_CONFIRM_BUILDS):      # confirm: more builds of each, interleaved
                 for label in ARMS:
                     times[label].append(build(label)["compile_s"])

@@ -83,18 +83,23 @@ class Runner:
         outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
         return [_to_numpy(o) for o in outs]
 
-    def time_ms(self, args: list[Any], repeats: int, warmup: int = 3) -> float:
-        sync = _sync(self.device)
-        for _ in range(warmup):
-            self.main(*args)
+    def time_ms(self, args: list[Any], repeats: int) -> float:
+        return _time_ms(lambda: self.main(*args), self.device, repeats)
+
+
+def _time_ms(call: Any, device: str, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of `call()`, the device synchronised after each."""
+    sync = _sync(device)
+    for _ in range(warmup):
+        call()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
         sync()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.main(*args)
-            sync()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return float(np.median(samples))
+        samples.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(samples))
 
 
 def _aligned(a: np.ndarray, alignment: int = 64) -> np.ndarray:
@@ -148,6 +153,12 @@ def _entry_arrays(bundle: Path, entry: dict) -> tuple[list[np.ndarray], list[np.
 
 
 def check_model(ffi: Any, bundle: Path, entry: dict, device: str, repeats: int) -> dict:
+    return _check_builds(ffi, bundle, entry, device, repeats)[0]
+
+
+def _check_builds(ffi: Any, bundle: Path, entry: dict, device: str,
+                  repeats: int) -> tuple[dict, dict[str, list[np.ndarray]]]:
+    """The row for one entry, and each build's outputs (for comparisons beyond the bundle's own)."""
     inputs, expected = _entry_arrays(bundle, entry)
     row: dict[str, Any] = {"model": entry["name"], "kind": "model"}
     outputs: dict[str, list[np.ndarray]] = {}
@@ -170,37 +181,26 @@ def check_model(ffi: Any, bundle: Path, entry: dict, device: str, repeats: int) 
     if "ms" in row["fused"] and "ms" in row["unfused"]:
         row["unfused_over_fused"] = row["unfused"]["ms"] / row["fused"]["ms"]
     row["passed"] = row["fused"]["passed"] and row["unfused"]["passed"]
-    return row
+    return row, outputs
 
 
 def check_attention(ffi: Any, bundle: Path, entry: dict, device: str, repeats: int) -> dict:
     """The fused attention kernel against PyTorch's SDPA (where PyTorch is installed) at one shape."""
-    row = check_model(ffi, bundle, entry, device, repeats)
+    row, outputs = _check_builds(ffi, bundle, entry, device, repeats)
     row["kind"] = "attention"
     row["seq"] = entry["seq"]
     try:
         import torch
         import torch.nn.functional as F
 
-        arrays, expected = _entry_arrays(bundle, entry)
+        arrays, _ = _entry_arrays(bundle, entry)
         q, k, v = (torch.from_numpy(a) for a in arrays[:3])
         if device == "cuda":
             q, k, v = q.cuda(), k.cuda(), v.cuda()
         ref = F.scaled_dot_product_attention(q, k, v, scale=entry["scale"])
-        sync = _sync(device)
-        for _ in range(3):
-            F.scaled_dot_product_attention(q, k, v, scale=entry["scale"])
-        sync()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            F.scaled_dot_product_attention(q, k, v, scale=entry["scale"])
-            sync()
-            samples.append((time.perf_counter() - start) * 1e3)
-        row["sdpa_ms"] = float(np.median(samples))
-        fused_out = Runner(ffi, bundle / entry["libs"]["fused"], device)
-        got = fused_out.run(fused_out.upload(arrays))[0]
-        ok, err = _close(got, ref.cpu().numpy(), entry["rtol"], entry["atol"])
+        row["sdpa_ms"] = _time_ms(lambda: F.scaled_dot_product_attention(q, k, v, scale=entry["scale"]), device, repeats)
+        fused = outputs.get("fused")          # the fused build's run above (its kernels compiled once)
+        ok, err = _close(fused[0], ref.cpu().numpy(), entry["rtol"], entry["atol"]) if fused else (False, float("nan"))
         row["fused_matches_sdpa"], row["fused_vs_sdpa_max_abs_error"] = ok, err
         row["passed"] = row["passed"] and ok
         if "ms" in row.get("fused", {}):

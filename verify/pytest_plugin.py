@@ -46,8 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-full", action="store_true", default=False,
                     help="run all 1884 ONNX node conformance cases (default: one case per operator)")
     group.addoption("--sass-full", action="store_true", default=False,
-                    help="compile every suite model to SASS for sm_80 and sm_90 (default: the built-in models "
-                         "and one real model of each kind)")
+                    help="compile every suite and real model to SASS for sm_80 and sm_90 (default: the built-in "
+                         "models on both and three real models on one each)")
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 
