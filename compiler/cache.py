@@ -299,7 +299,8 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
             executable=tvm.runtime.load_module(str(entry.library)),
             report=FusionReport.from_dict(meta["report"]), input_names=list(meta["input_names"]),
             input_shapes={k: tuple(v) for k, v in meta["input_shapes"].items()},
-            output_names=list(meta["output_names"]), compile_s=float(meta["compile_s"]))
+            output_names=list(meta["output_names"]), compile_s=float(meta["compile_s"]),
+            dynamic_axes={k: [tuple(p) for p in v] for k, v in meta.get("dynamic_axes", {}).items()})
         compiled.cache_hit = True
         compiled.library_path = str(entry.library)
         compiled.load_s = time.perf_counter() - start
@@ -307,6 +308,7 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
     compiled = pipeline.compile_model(loaded, options=options)
     meta = {"model": loaded.name, "report": compiled.report.to_dict(), "input_names": compiled.input_names,
             "input_shapes": {k: list(v) for k, v in compiled.input_shapes.items()},
+            "dynamic_axes": {k: [list(p) for p in v] for k, v in compiled.dynamic_axes.items()},
             "output_names": compiled.output_names, "compile_s": compiled.compile_s, "target": spec.label}
     try:
         entry = cache.put(key, compiled.executable.export_library, meta)

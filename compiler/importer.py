@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -21,6 +22,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
 from . import tags
+from .dynamic import DynamicDim, check_names, symbolic_shapes
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
@@ -247,11 +249,20 @@ def _tag_outputs(mod: tvm.IRModule) -> tvm.IRModule:
     return tagger.builder_.get()
 
 
-def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str) -> ImportResult:
+def _input_shapes(loaded: LoadedModel, dynamic: Sequence[DynamicDim]) -> dict[str, list]:
+    """The pinned shapes, with the dims named in `dynamic` as shared symbolic vars."""
+    if not dynamic:
+        return {k: list(v) for k, v in loaded.input_shapes.items()}
+    label = str(loaded.path) if loaded.path else loaded.name
+    return symbolic_shapes(loaded.input_shapes, check_names(loaded.model, dynamic, label))
+
+
+def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
+                dynamic: Sequence[DynamicDim] = ()) -> ImportResult:
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
     opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
     importer = _Importer(
-        {k: list(v) for k, v in loaded.input_shapes.items()},
+        _input_shapes(loaded, dynamic),
         dict(loaded.input_dtypes),
         keep_params_in_input=False,
         sanitize=True,
@@ -304,7 +315,7 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
     return prepared
 
 
-def import_folded(loaded: LoadedModel) -> ImportResult:
+def import_folded(loaded: LoadedModel, dynamic: Sequence[DynamicDim] = ()) -> ImportResult:
     """Import after folding shape computations with ONNX Runtime (the retry path, said in the report)."""
     label = str(loaded.path) if loaded.path else loaded.name
     try:
@@ -313,22 +324,23 @@ def import_folded(loaded: LoadedModel) -> ImportResult:
         raise FrontendError(f"{label}: folding shape computations with ONNX Runtime failed: {error_line(err)}"
                             f"{loaded.shape_hint()}") from err
     check_supported(prepared, label)
-    result = _raw_import(prepared, loaded, label)
+    result = _raw_import(prepared, loaded, label, dynamic)
     result.prepared = True
     return result
 
 
-def import_model(loaded: LoadedModel) -> ImportResult:
+def import_model(loaded: LoadedModel, dynamic: Sequence[DynamicDim] = ()) -> ImportResult:
     """Import a loaded model; on failure, fold shape computations with ONNX Runtime and retry once.
 
     Exporters (PaddlePaddle, torch.onnx) compute reshape targets from `Shape` at run time; the
     frontend wants them constant. With every input shape pinned, ORT's BASIC constant folding
-    turns those chains into constants, which is usually all the retry needs.
+    turns those chains into constants, which is usually all the retry needs. Dims named in `dynamic`
+    stay symbolic in both tries (the loader left them as `dim_param`s, so ORT folds around them).
     """
     label = str(loaded.path) if loaded.path else loaded.name
     check_supported(loaded.model, label)
     try:
-        return _raw_import(loaded.model, loaded, label)
+        return _raw_import(loaded.model, loaded, label, dynamic)
     except UnsupportedOperatorError:
         raise
     except FrontendError as first:
@@ -339,7 +351,7 @@ def import_model(loaded: LoadedModel) -> ImportResult:
                                 f"failed: {error_line(err)}){loaded.shape_hint()}") from first
         check_supported(prepared, label)
         try:
-            result = _raw_import(prepared, loaded, label)
+            result = _raw_import(prepared, loaded, label, dynamic)
         except FrontendError as second:
             raise FrontendError(f"{second} (also after folding shape computations with ONNX Runtime)"
                                 f"{loaded.shape_hint()}") from second

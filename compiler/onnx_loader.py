@@ -59,6 +59,8 @@ class LoadedModel:
     path: Path | None = None
     warnings: list[str] = field(default_factory=list)
     guessed: dict[str, tuple[int, ...]] = field(default_factory=dict)  # inputs whose dynamic dims we chose
+    #: dims left symbolic (`dim_param`) in `model` for a dynamic build; `input_shapes` holds one size of them
+    dynamic: tuple = ()
 
     @property
     def num_nodes(self) -> int:
@@ -636,18 +638,27 @@ def load(
     memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
     check_ops: bool = True,
+    dynamic: Sequence = (),
 ) -> LoadedModel:
-    """Load, check, name nodes and pin shapes: the one entry point for ONNX input."""
+    """Load, check, name nodes and pin shapes: the one entry point for ONNX input.
+
+    Dims named in `dynamic` (compiler/dynamic.py DynamicDims) are pinned in `input_shapes` (one size to
+    draw inputs at) but stay `dim_param`s in the model, for a symbolic build and ONNX Runtime at any size."""
+    from .dynamic import check_names, keep_symbolic
+
     model, display, path = load_model(source, name=name, check_ops=check_ops)
     label = str(path) if path else display
     name_nodes(model)
+    axes = check_names(model, dynamic, label) if dynamic else {}
     guessed: dict[str, tuple[int, ...]] = {}
     pinned, dtypes = pin_shapes(model, shapes, default_dim=default_dim, label=label,
                                 memory_limit_bytes=memory_limit_bytes, shape_hints=shape_hints, guessed=guessed)
+    if axes:
+        keep_symbolic(model, axes)
     warnings = _weight_warnings(model, label)
     return LoadedModel(name=display, model=model, input_shapes=pinned, input_dtypes=dtypes,
                        output_names=[o.name for o in model.graph.output], path=path, warnings=warnings,
-                       guessed=guessed)
+                       guessed=guessed, dynamic=tuple(dynamic))
 
 
 def _weight_warnings(model: onnx.ModelProto, label: str) -> list[str]:

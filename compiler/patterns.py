@@ -10,8 +10,9 @@ Users add rules with `register_pattern` (see README "Extending fuseguard").
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,13 +149,51 @@ class PatternRule:
 
 # --------------------------------------------------------------------------- helpers
 
+#: Sizes the cost model decides with in a symbolic build ({dim name: size}, compiler/dynamic.py): each
+#: dynamic dim's bound, else a representative size. Set by `decide_at` for one fusion pass.
+_DECIDE_SIZES: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def decide_at(sizes: Mapping[str, int]) -> Iterator[None]:
+    """Within this block, symbolic dims count as `sizes` for cost estimates (never for legality)."""
+    global _DECIDE_SIZES
+    saved, _DECIDE_SIZES = _DECIDE_SIZES, dict(sizes)
+    try:
+        yield
+    finally:
+        _DECIDE_SIZES = saved
+
+
+def dims_for_cost(expr: relax.Expr) -> list[int] | None:
+    """A tensor's dims, with symbolic ones evaluated at the `decide_at` sizes; None when unknown."""
+    sinfo = getattr(expr, "ty", None)
+    if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None:
+        return None
+    out = []
+    for d in sinfo.shape.values:
+        if isinstance(d, tvm.tirx.IntImm):
+            out.append(int(d))
+            continue
+        from tvm.sym import Analyzer
+        from tvm.tirx import analysis
+
+        ana = Analyzer()
+        for var in analysis.undefined_vars(d, []):
+            if var.name not in _DECIDE_SIZES:
+                return None
+            ana.bind(var, tvm.tirx.IntImm("int64", _DECIDE_SIZES[var.name]))  # Relax shapes are int64
+        value = ana.simplify(d)
+        if not isinstance(value, tvm.tirx.IntImm):
+            return None
+        out.append(int(value))
+    return out
+
+
 def tensor_bytes(expr: relax.Expr) -> int:
     sinfo = expr.ty
-    if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None:
-        return 0
-    try:
-        dims = [int(d) for d in sinfo.shape.values]
-    except (TypeError, AttributeError):
+    dims = dims_for_cost(expr)
+    if dims is None:
         return 0
     bits = tvm.runtime.DataType(sinfo.dtype).bits if sinfo.dtype else 32
     return math.prod(dims) * max(1, bits // 8)
@@ -307,10 +346,12 @@ def _gated_mlp_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
 def _gated_mlp_check(match: Match, hw: Hardware) -> str | None:
     up, root = match.annotated["up"], match.annotated["root"]
     try:
-        if [int(d) for d in up.ty.shape.values] != [int(d) for d in root.ty.shape.values]:
-            return "the up projection broadcasts against the gate: not an elementwise epilogue"
+        a, b = list(up.ty.shape.values), list(root.ty.shape.values)
     except (TypeError, AttributeError):
-        return "symbolic shapes: the epilogue's broadcast cannot be checked"
+        return "unknown shapes: the epilogue's broadcast cannot be checked"
+    # structural: a symbolic dim is the same var on both sides when they do not broadcast
+    if len(a) != len(b) or not all(tvm.ir.structural_equal(x, y) for x, y in zip(a, b)):
+        return "the up projection broadcasts against the gate: not an elementwise epilogue"
     return None
 
 

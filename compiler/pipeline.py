@@ -47,8 +47,9 @@ import tvm_ffi
 from tvm import relax
 
 from . import cost, decisions, patterns, progress, report
-from .errors import CompileError, FuseguardError, UsageError
+from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
+from .dynamic import DynamicDim, check_names, upper_bounds
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
 from .passes import ExpandSmallPowers, FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
@@ -97,6 +98,8 @@ class CompileOptions:
     #: CUDA builds: compile every kernel to SASS with nvcc and check its resources (compiler/sass.py):
     #: "auto" when a toolkit is found, "require" (no toolkit is an error) or "off"
     sass: str = "auto"
+    #: dims kept symbolic (compiler/dynamic.py): one build serves every size of them
+    dynamic: tuple[DynamicDim, ...] = ()
 
     def unfused(self) -> "CompileOptions":
         return replace(self, fusion=False)
@@ -113,6 +116,8 @@ class CompileOptions:
                 value = [(stage, passes(fn)) for stage, fn in value]
             elif isinstance(value, frozenset):
                 value = sorted(value)
+            elif f.name == "dynamic":
+                value = [str(d) for d in value]
             out[f.name] = value
         return out
 
@@ -140,7 +145,20 @@ class CompiledModel:
     cache_hit: bool = False                  # served from the build cache (compiler/cache.py)
     library_path: str | None = None          # the exported library, when one exists on disk
     load_s: float = 0.0                      # time to load a cached build
+    #: symbolic builds: {dim name: [(input, axis), ...]} of each `--dynamic` dim (bounds in options.dynamic)
+    dynamic_axes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     _vm: Any = field(default=None, repr=False)
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """A symbolic build's kernels trust its bounds (storage is planned for them): a size beyond one is a
+        one-line ShapeError here, never an out-of-bounds write."""
+        bounds = upper_bounds(self.options.dynamic)
+        for dim, where in self.dynamic_axes.items():
+            for inp, axis in where:
+                size = np.shape(inputs[inp])[axis] if inp in inputs else None
+                if size is not None and dim in bounds and size > bounds[dim]:
+                    raise ShapeError(f"{self.name}: input '{inp}' has {dim}={size} at axis {axis}, beyond the "
+                                     f"build's bound --dynamic {dim}<={bounds[dim]}")
 
     def device(self) -> tvm.runtime.Device:
         return tvm.cuda(0) if self.target.is_gpu else tvm.cpu(0)
@@ -155,6 +173,7 @@ class CompiledModel:
         return self._vm
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        self.check_inputs(inputs)
         dev = self.device()
         args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
         out = self.vm()["main"](*args)
@@ -162,6 +181,7 @@ class CompiledModel:
 
     def time_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
         """A closure that runs the model once on pre-uploaded inputs (for timing)."""
+        self.check_inputs(inputs)
         dev = self.device()
         args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
         vm = self.vm()
@@ -388,6 +408,11 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         return m
 
     T = relax.transform
+    bounds = upper_bounds(options.dynamic)
+    if bounds:      # StaticPlanBlockMemory plans storage for the bound instead of allocating per call
+        mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {k: tvm.tirx.IntImm("int64", v)
+                                                                    for k, v in bounds.items()})
+    rep.dynamic = [str(d) for d in options.dynamic]
     mod = stage("fold_constant", [T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers], mod)
     if options.bn_folding:
@@ -410,11 +435,18 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
         fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed, spec)
         try:
-            mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
-                                                              annotate_codegen=False)], mod)
+            with patterns.decide_at({d.name: d.decide_size for d in options.dynamic}):
+                mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
+                                                                  annotate_codegen=False)], mod)
         except CompileError as err:
             err.decisions = decisions        # type: ignore[attr-defined]  # for the cycle retry in lower()
             raise
+        if options.dynamic:     # say at which size an estimate was made for a symbolic dim
+            at = ", ".join(f"{d.name}={d.decide_size} ({'its bound' if d.upper else 'representative'})"
+                           for d in options.dynamic)
+            for d in decisions:
+                if d.source == "estimate":
+                    d.reason += f"; symbolic dims estimated at {at}"
         links = report.link_decisions(mod, decisions)
         start = time.perf_counter()
         wanted = {gv: patterns.PATTERNS[d.pattern].replacement for gv, d in links.items()
@@ -614,10 +646,11 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
     """ONNX (path, bytes, ModelProto) or a Relax IRModule in; a runnable CompiledModel out."""
     if isinstance(source, tvm.IRModule):
         return compile_relax(source, options, name=name or "module")
-    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name)
+    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name,
+                                                                 dynamic=options.dynamic)
     start = time.perf_counter()
     progress.stage("import")
-    imported: ImportResult = import_model(loaded)
+    imported: ImportResult = import_model(loaded, options.dynamic)
     import_s = time.perf_counter() - start
 
     def build_from(result: ImportResult) -> CompiledModel:
@@ -635,7 +668,7 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
             raise
         start = time.perf_counter()
         try:
-            imported = import_folded(loaded)
+            imported = import_folded(loaded, options.dynamic)
         except FuseguardError:
             raise err from None
         import_s += time.perf_counter() - start
@@ -644,6 +677,8 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
         except CompileError as second:
             raise CompileError(f"{second} (also after folding shape computations with ONNX Runtime; first "
                                f"try: stage '{err.stage}')", stage=second.stage) from second
+    if options.dynamic:
+        compiled.dynamic_axes = check_names(loaded.model, options.dynamic, loaded.name)
     if imported.prepared:
         compiled.report.imported_via = "onnxruntime-fold"
     compiled.report.stage_s["import"] = import_s

@@ -57,6 +57,8 @@ class FusionReport:
     sass: dict | None = None
     #: device storage the static memory plan allocates (`planned_bytes`)
     planned_bytes: int = 0
+    #: dims kept symbolic (`--dynamic`, as NAME or NAME<=BOUND): planned_bytes is then for the bounds
+    dynamic: list[str] = field(default_factory=list)
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -73,7 +75,7 @@ class FusionReport:
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
             "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass, "planned_bytes": self.planned_bytes,
-            "groups": [g.to_dict() for g in self.groups],
+            "dynamic": list(self.dynamic), "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
 

@@ -127,6 +127,25 @@ class SuiteModel:
         """Build the model for ``dims`` (defaults filled in) with weights drawn from ``seed``."""
         return self.build(**self.resolve_dims(dims), seed=seed)
 
+    def dynamic_axes(self, names: Sequence[str]) -> dict[str, dict[int, str]]:
+        """{input or output: {axis: dim name}} for the axes that the dims `names` size, as
+        `torch.onnx.export(dynamic_axes=...)` writes them: found by building the model at the default dims
+        and with each dim one larger (every axis that changes is that dim's)."""
+        def io_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+            return {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+                    for vi in list(model.graph.input) + list(model.graph.output)}
+
+        base_dims = self.resolve_dims()
+        base = io_shapes(self.make(base_dims))
+        out: dict[str, dict[int, str]] = {}
+        for name in names:
+            bumped = io_shapes(self.make({**base_dims, name: base_dims[name] + 1}))
+            for tensor, dims in base.items():
+                for axis, (a, b) in enumerate(zip(dims, bumped.get(tensor, dims))):
+                    if a != b:
+                        out.setdefault(tensor, {})[axis] = name
+        return out
+
     def random_inputs(self, dims: Mapping[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs for one run; masks get realistic padding instead of noise."""
         rng = np.random.default_rng(seed)

@@ -122,8 +122,16 @@ def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str
     from compiler.pipeline import CompileOptions, compile_model
 
     known = {f.name for f in fields(CompileOptions)}
-    opts = CompileOptions(**{k: (frozenset(v) if k == "disabled_patterns" else v)
-                             for k, v in options.items() if k in known})
+    def plain(k: str, v: Any) -> Any:
+        if k == "disabled_patterns":
+            return frozenset(v)
+        if k == "dynamic":
+            from compiler.dynamic import parse_dynamic
+
+            return parse_dynamic(v)
+        return v
+
+    opts = CompileOptions(**{k: plain(k, v) for k, v in options.items() if k in known})
     with np.load(inputs_path) as z:
         inputs = {k: z[k] for k in z.files}
     start = time.perf_counter()

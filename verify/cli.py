@@ -275,7 +275,13 @@ def _verify(args: argparse.Namespace) -> int:
                           seed=args.seed, inputs_file=args.inputs, tolerances=tolerances, per_output=per_output,
                           default_dim=args.default_dim)
             try:
-                verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
+                if options.dynamic:     # one symbolic build pair, many drawn sizes (verify/dynamic.py)
+                    from .dynamic import verify_dynamic_in_worker
+
+                    verdict = verify_dynamic_in_worker(source, timeout=args.timeout, worker=worker,
+                                                       draws=args.draws, **kwargs)
+                else:
+                    verdict = verify_in_worker(source, timeout=args.timeout, worker=worker, **kwargs)
                 progress.done(label, verdict.status)
                 rows.append(_report_verdict(verdict, label, source, results, console, args))
                 if not verdict.passed:
@@ -330,6 +336,16 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
             if args.debug and build.traceback:
                 print(build.traceback, file=sys.stderr, end="")
             print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
+    checks = getattr(verdict, "checks", None)
+    if checks is not None:      # --dynamic: how much one build pair covered, and the smallest failure
+        ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in verdict.ranges.items())
+        print(f"fuseguard: {label}: {verdict.sizes_checked} sizes ({ranges}) checked against {verdict.builds} "
+              f"build(s) in {verdict.check_s:.1f} s", file=sys.stderr)
+        if verdict.failing is not None:
+            sizes = ", ".join(f"{k}={v}" for k, v in verdict.failing.sizes.items())
+            print(f"fuseguard: mismatch: {label}: smallest failing size {sizes}"
+                  f"{': ' + verdict.failing.error if verdict.failing.error else ''}; reproduce with "
+                  f"`fuseguard verify {label} {verdict.reproduce}`", file=sys.stderr)
     if not verdict.passed:
         for build in (verdict.fused, verdict.unfused):
             if build.compare is not None and not build.compare:

@@ -104,6 +104,24 @@ def add_model_options(addoption: AddOption, prefix: str = "") -> None:
     _add(addoption, prefix, "default-dim", type=int, default=None, metavar="N",
          help="value for every dynamic dimension not pinned by --shape or --inputs "
               "(default: 1 for batch, 224 for image height/width, 16 otherwise)")
+    _add(addoption, prefix, "dynamic", type=_dynamic_dims, action="append", default=[], metavar="NAME[<=N]",
+         help="keep the input dimensions named NAME symbolic: one build serves every size (e.g. seq<=512; "
+              "a bound plans memory for it; comma-separated or repeated)")
+
+
+def _dynamic_dims(text: str) -> tuple:
+    from compiler.dynamic import parse_dynamic
+    from compiler.errors import UsageError
+
+    try:
+        return parse_dynamic(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--dynamic {text!r}: ")) from None
+
+
+def _draws(text: str) -> int:
+    value = _number(text, lambda v: v >= 1 and v == int(v), "an integer >= 1")
+    return int(value)
 
 
 def add_compare_options(addoption: AddOption, prefix: str = "") -> None:
@@ -116,6 +134,9 @@ def add_compare_options(addoption: AddOption, prefix: str = "") -> None:
          help="absolute tolerance for float outputs (each float dtype keeps its default rtol)")
     _add(addoption, prefix, "rtol", type=_tolerance_value, default=None,
          help="relative tolerance for float outputs (each float dtype keeps its default atol)")
+    _add(addoption, prefix, "draws", type=_draws, default=None, metavar="N",
+         help="with --dynamic: check N hypothesis-drawn sizes against one fused and one unfused build "
+              "(default 50); a failing size is shrunk to the smallest that fails")
 
 
 def getter(namespace: argparse.Namespace | None = None, *, config: Any = None,
@@ -128,11 +149,13 @@ def getter(namespace: argparse.Namespace | None = None, *, config: Any = None,
 
 def compile_options(get: Callable[[str], Any]) -> Any:
     """The one place that turns parsed options into `CompileOptions`."""
+    from compiler.dynamic import parse_dynamic
     from compiler.pipeline import CompileOptions
 
     return CompileOptions(gpu_arch=get("gpu-arch"), mcpu=get("mcpu"), fusion=not get("no-fusion"),
                           disabled_patterns=frozenset(get("disable-pattern") or ()),
-                          schedule=not get("no-schedule"))
+                          schedule=not get("no-schedule"),
+                          dynamic=parse_dynamic([str(d) for group in (get("dynamic") or ()) for d in group]))
 
 
 def apply_cache_options(get: Callable[[str], Any]) -> None:

@@ -183,7 +183,8 @@ def time_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], *, repeats:
                 elif stack:
                     name, start = stack.pop()
                     calls.append((name, (t - start) * 1e6))
-            kernels = [(n, us) for n, us in calls if not n.startswith("vm.builtin")]
+            # builtins and (symbolic builds) the VM's shape functions are not kernels of the model
+            kernels = [(n, us) for n, us in calls if not n.startswith(("vm.builtin", "shape_func"))]
             trivial += [us for n, us in calls if n in ("vm.builtin.check_tensor_info", "vm.builtin.match_shape")]
             # Sites and calls in the same order; a site with no call became a view after scheduling
             # (RewriteDataflowReshape turns reshape kernels into no-ops): it costs nothing.
