@@ -235,7 +235,7 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
     try:
         search()
     except _SizeFailed as failed:
-        verdict.failing = failed.check
+        verdict.failing = _smallest(failed.check, ranges, check_one, checks)
     verdict.check_s = time.perf_counter() - start
     verdict.checks = checks
     shown = verdict.failing or (checks[-1] if checks else None)
@@ -243,6 +243,41 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
         fused.compare, unfused.compare = shown.fused, shown.unfused
         fused.ran = unfused.ran = True
     return verdict
+
+
+def _smallest(failing: ShapeCheck, ranges: Mapping[str, tuple[int, int]], check: Any,
+              log: list[ShapeCheck]) -> ShapeCheck:
+    """Hypothesis shrinks a drawn integer well, but an edge drawn from a list only towards the list's head:
+    finish per dim, trying the edges below the failing size (smallest first), then bisecting between the
+    largest size known to pass and the smallest known to fail. The smallest failing size when failures
+    are monotone in that interval, and always a failing size no larger than hypothesis found."""
+    seen = {tuple(sorted(c.sizes.items())): c for c in log}
+
+    def at(sizes: dict[str, int]) -> ShapeCheck:
+        key = tuple(sorted(sizes.items()))
+        if key not in seen:
+            seen[key] = check(sizes)
+            log.append(seen[key])
+        return seen[key]
+
+    best = failing
+    for dim, (lo, _) in ranges.items():
+        passing = lo - 1
+        for size in edge_sizes(lo, best.sizes[dim] - 1) if best.sizes[dim] > lo else []:
+            result = at({**best.sizes, dim: size})
+            if not result.passed:
+                best = result
+                break
+            passing = size
+        fail = best.sizes[dim]
+        while fail - passing > 1:
+            mid = (passing + fail) // 2
+            result = at({**best.sizes, dim: mid})
+            if result.passed:
+                passing = mid
+            else:
+                best, fail = result, mid
+    return best
 
 
 def _session(loaded: LoadedModel) -> Any:

@@ -104,9 +104,17 @@ def add_model_options(addoption: AddOption, prefix: str = "") -> None:
     _add(addoption, prefix, "default-dim", type=int, default=None, metavar="N",
          help="value for every dynamic dimension not pinned by --shape or --inputs "
               "(default: 1 for batch, 224 for image height/width, 16 otherwise)")
+    add_dynamic_options(addoption, prefix)
+
+
+def add_dynamic_options(addoption: AddOption, prefix: str = "") -> None:
+    """Symbolic dims (compiler/dynamic.py) and how many sizes to draw for them."""
     _add(addoption, prefix, "dynamic", type=_dynamic_dims, action="append", default=[], metavar="NAME[<=N]",
          help="keep the input dimensions named NAME symbolic: one build serves every size (e.g. seq<=512; "
               "a bound plans memory for it; comma-separated or repeated)")
+    _add(addoption, prefix, "draws", type=_draws, default=None, metavar="N",
+         help="with --dynamic: check N hypothesis-drawn sizes against one fused and one unfused build "
+              "(default 50); a failing size is shrunk to the smallest that fails")
 
 
 def _dynamic_dims(text: str) -> tuple:
@@ -134,9 +142,6 @@ def add_compare_options(addoption: AddOption, prefix: str = "") -> None:
          help="absolute tolerance for float outputs (each float dtype keeps its default rtol)")
     _add(addoption, prefix, "rtol", type=_tolerance_value, default=None,
          help="relative tolerance for float outputs (each float dtype keeps its default atol)")
-    _add(addoption, prefix, "draws", type=_draws, default=None, metavar="N",
-         help="with --dynamic: check N hypothesis-drawn sizes against one fused and one unfused build "
-              "(default 50); a failing size is shrunk to the smallest that fails")
 
 
 def getter(namespace: argparse.Namespace | None = None, *, config: Any = None,

@@ -28,6 +28,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # The same definitions as the CLI's (verify/options.py); --plugin and --timeout are spelled
     # --fuseguard-plugin and --fuseguard-timeout here.
     add_build_options(group.addoption, PYTEST_PREFIX, debug=False)
+    from .options import add_dynamic_options
+
+    # --dynamic/--draws reach the symbolic-shape suite (suites/test_dynamic_suite.py) only: every other
+    # test builds static shapes, as before
+    add_dynamic_options(group.addoption, PYTEST_PREFIX)
     group.addoption("--update-baselines", action="store_true", default=False,
                     help="record this run's latencies into baselines/<arch>.json (locked, atomic)")
     group.addoption("--strict-baselines", action="store_true", default=False,
@@ -100,10 +105,13 @@ def gpu_arch(request: pytest.FixtureRequest) -> str | None:
 
 @pytest.fixture(scope="session")
 def compile_options(request: pytest.FixtureRequest):
-    """The CompileOptions the command line asks for (the 'fused' side of every comparison)."""
+    """The CompileOptions the command line asks for (the 'fused' side of every comparison), static shapes
+    (`--dynamic` goes to the `verify_dynamic` fixture)."""
+    from dataclasses import replace
+
     from .options import PYTEST_PREFIX, compile_options, getter
 
-    return compile_options(getter(config=request.config, prefix=PYTEST_PREFIX))
+    return replace(compile_options(getter(config=request.config, prefix=PYTEST_PREFIX)), dynamic=())
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +141,33 @@ def verify_model(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
         kwargs.setdefault("options", compile_options)
         try:
             return verify_in_worker(source, timeout=timeout, worker=fuseguard_worker, **kwargs)
+        except WorkerFailure as err:
+            pytest.fail(str(err), pytrace=False)
+
+    return run
+
+
+@pytest.fixture
+def verify_dynamic(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any):
+    """verify_dynamic(source, dims, draws=None) -> DynamicVerdict, in the worker: `dims` ("seq" or
+    "batch,seq<=64") unless the command line gave --dynamic, `draws` unless it gave --draws."""
+    from dataclasses import replace
+
+    from compiler.dynamic import parse_dynamic
+
+    from .dynamic import verify_dynamic_in_worker
+    from .options import PYTEST_PREFIX, compile_options as parsed, getter
+    from .worker import WorkerFailure
+
+    get = getter(config=request.config, prefix=PYTEST_PREFIX)
+    timeout = request.config.getoption("--fuseguard-timeout")
+
+    def run(source: Any, dims: str, draws: int | None = None, **kwargs: Any):
+        asked = parsed(get).dynamic
+        options = replace(compile_options, dynamic=asked or parse_dynamic(dims))
+        try:
+            return verify_dynamic_in_worker(source, timeout=timeout, worker=fuseguard_worker, options=options,
+                                            draws=get("draws") or draws, **kwargs)
         except WorkerFailure as err:
             pytest.fail(str(err), pytrace=False)
 

@@ -1,0 +1,111 @@
+"""Symbolic dims: parsing, naming, one build at many sizes, bounds, and the verifier's search and shrink."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.dynamic import DynamicDim, parse_dynamic, relabel
+from compiler.errors import ShapeError, UsageError
+from compiler.pipeline import CompileOptions, compile_model
+from suites.models import get_model
+from verify.core import SuiteSpec
+from verify.dynamic import edge_sizes, verify_dynamic
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_parse_dynamic_names_bounds_and_errors() -> None:
+    assert parse_dynamic("seq<=512, batch") == (DynamicDim("seq", 512), DynamicDim("batch"))
+    assert parse_dynamic(["seq", "seq"]) == (DynamicDim("seq"),)
+    for bad, needle in (("seq<=0", "bound"), ("seq<=x", "bound"), ("1seq", "NAME"),
+                        ("seq<=4,seq<=8", "twice")):
+        with pytest.raises(UsageError, match=needle):
+            parse_dynamic(bad)
+
+
+def test_edge_sizes_are_the_tile_edges() -> None:
+    assert edge_sizes(1, 20) == [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 20]
+    assert edge_sizes(16, 40) == [16, 17, 31, 32, 33, 40]
+
+
+def test_suite_dynamic_axes_find_inputs_and_outputs() -> None:
+    axes = get_model("bert_encoder").dynamic_axes(["seq"])
+    assert axes == {"hidden_states": {1: "seq"}, "attention_mask": {1: "seq"}, "output": {1: "seq"}}
+
+
+def _softmax_ln(dims: str = "seq") -> tuple:
+    entry = get_model("softmax_layernorm")
+    model = relabel(entry.make(), entry.dynamic_axes([d.name for d in parse_dynamic(dims)]))
+    return entry, model
+
+
+def test_one_symbolic_build_matches_static_builds_and_refuses_beyond_its_bound() -> None:
+    entry, model = _softmax_ln()
+    dyn = compile_model(model, options=CompileOptions(dynamic=parse_dynamic("seq<=40")), name="sln")
+    assert dyn.report.dynamic == ["seq<=40"] and dyn.dynamic_axes == {"seq": [("x", 1)]}
+    assert any("symbolic dims estimated at seq=40 (its bound)" in d.reason for d in dyn.report.decisions)
+    for seq in (1, 17, 40):
+        x = entry.random_inputs({"seq": seq}, seed=seq)
+        static = compile_model(entry.make({"seq": seq}), name="sln")
+        np.testing.assert_allclose(dyn.run(x)[0], static.run(x)[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ShapeError, match=r"seq=41 at axis 1, beyond the build's bound --dynamic seq<=40"):
+        dyn.run(entry.random_inputs({"seq": 41}))
+
+
+def test_a_name_the_model_lacks_is_one_line_naming_its_dims() -> None:
+    _, model = _softmax_ln()
+    with pytest.raises(UsageError, match=r"no input dimension is named 'batch'.*seq \(x\[1\]\)"):
+        compile_model(model, options=CompileOptions(dynamic=parse_dynamic("batch")), name="sln")
+
+
+def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fused build that goes wrong from seq 23 on (a remainder path, say) fails at exactly 23."""
+    import verify.dynamic as vd
+
+    real = vd._build_and_run
+
+    def broken_from_23(loaded, options, config, *args, **kwargs):
+        result, compiled = real(loaded, options, config, *args, **kwargs)
+        if options.fusion and compiled is not None:
+            run = compiled.run
+
+            def wrong(inputs):
+                outs = run(inputs)
+                return [o + 1e-2 if inputs["x"].shape[1] >= 23 else o for o in outs]
+
+            compiled.run = wrong
+        return result, compiled
+
+    monkeypatch.setattr(vd, "_build_and_run", broken_from_23)
+    verdict = verify_dynamic(SuiteSpec("softmax_layernorm"), options=CompileOptions(dynamic=parse_dynamic("seq")),
+                             draws=40, seed=3)
+    assert not verdict and verdict.status == "FAIL"
+    assert verdict.failing is not None and verdict.failing.sizes == {"seq": 23}
+    assert verdict.failing.unfused and not verdict.failing.fused        # the fused side is named
+    assert verdict.builds <= 2 and verdict.sizes_checked > 1
+
+
+def test_cli_verify_dynamic_json_counts_builds_and_sizes(tmp_path: Path) -> None:
+    out = tmp_path / "dyn.json"
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "softmax_layernorm", "--dynamic", "seq<=64",
+                           "--draws", "12", "--no-cache", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (model,) = json.loads(out.read_text())["models"]
+    assert model["status"] == "PASS" and model["builds"] == 2 and model["dynamic"] == "seq<=64"
+    assert 6 <= model["sizes_checked"] <= 12 and all(1 <= c["sizes"]["seq"] <= 64 for c in model["checks"])
+    assert "checked against 2 build(s)" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["seq<=0", "se q"])
+def test_cli_refuses_a_bad_dynamic_at_parse_time(value: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "softmax_layernorm", "--dynamic", value],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("fuseguard: error: argument --dynamic: ")
