@@ -53,6 +53,8 @@ class ZooEntry:
     slow: bool = False
     tags: tuple[str, ...] = ()
     vocab: int = 0                 # int inputs (token ids) are drawn in [0, vocab)
+    #: an export with these dims symbolic (`<name>_dyn`, torch's dynamic_axes): for symbolic builds only
+    dynamic: tuple[str, ...] = ()
 
 
 def strip_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -203,7 +205,8 @@ def zoo_entries() -> tuple[ZooEntry, ...]:
         entries.append(ZooEntry(name=item["name"], file=item["file"],
                                 inputs={k: (tuple(v[0]), v[1]) for k, v in item["inputs"].items()},
                                 source=item["source"], exporter=item["exporter"], slow=item.get("slow", False),
-                                tags=tuple(item.get("tags", ())), vocab=item.get("vocab", 0)))
+                                tags=tuple(item.get("tags", ())), vocab=item.get("vocab", 0),
+                                dynamic=tuple(item.get("dynamic", ()))))
     return tuple(entries)
 
 

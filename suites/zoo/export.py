@@ -37,6 +37,9 @@ class Spec:
     slow: bool = False
     tags: tuple[str, ...] = ()
     vocab: int = 0
+    #: also export `<name>_dyn` with these dims symbolic ({input or output: {axis: name}}, torch's
+    #: `dynamic_axes`): the form users ship for variable-length input (the dynamic-shape suite)
+    dynamic_axes: dict | None = None
 
 
 def _vision(name: str, size: int = 224, **kwargs):
@@ -102,6 +105,9 @@ def _hf(kind: str):
     return make
 
 
+#: batch and sequence symbolic, as Hugging Face's own ONNX exports name them
+_TOKENS_DYNAMIC = {t: {0: "batch", 1: "seq"} for t in ("input_ids", "attention_mask", "output")}
+
 SPECS: tuple[Spec, ...] = (
     Spec("resnet18", _vision("resnet18"), "torchvision.models.resnet18", ("torchscript", "dynamo")),
     Spec("mobilenet_v2", _vision("mobilenet_v2"), "torchvision.models.mobilenet_v2"),
@@ -113,15 +119,15 @@ SPECS: tuple[Spec, ...] = (
          "torchvision.models.VisionTransformer (vit_b_16's code, 2 layers, hidden 128, 64x64)",
          ("torchscript", "dynamo"), tags=("attention",)),
     Spec("bert_tiny", _hf("bert"), "transformers.BertModel (2 layers, hidden 128)", ("torchscript", "dynamo"),
-         tags=("attention",), vocab=VOCAB),
+         tags=("attention",), vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
     Spec("gpt2_tiny", _hf("gpt2"), "transformers.GPT2Model (2 layers, hidden 128)", tags=("attention",),
-         vocab=VOCAB),
+         vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
     Spec("llama_tiny", _hf("llama"), "transformers.LlamaModel (2 layers, hidden 128, 4 heads / 2 KV)",
-         tags=("attention",), vocab=VOCAB),
+         tags=("attention",), vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
 )
 
 
-def export_one(spec: Spec, exporter: str) -> onnx.ModelProto:
+def export_one(spec: Spec, exporter: str, dynamic: bool = False) -> onnx.ModelProto:
     import torch
 
     model, args, inputs = spec.make()
@@ -130,7 +136,8 @@ def export_one(spec: Spec, exporter: str) -> onnx.ModelProto:
         if exporter == "torchscript":
             buf = io.BytesIO()
             torch.onnx.export(model, args, buf, input_names=names, output_names=["output"], opset_version=17,
-                              dynamo=False, do_constant_folding=True)
+                              dynamo=False, do_constant_folding=True,
+                              dynamic_axes=spec.dynamic_axes if dynamic else None)
             proto = onnx.load_from_string(buf.getvalue())
         else:
             program = torch.onnx.export(model, args, input_names=names, output_names=["output"], opset_version=18,
@@ -147,10 +154,11 @@ def main(argv: list[str]) -> int:
     for spec in SPECS:
         if wanted and spec.name not in wanted:
             continue
-        for exporter in spec.exporters:
-            name = spec.name if exporter == "torchscript" else f"{spec.name}_dynamo"
+        runs = [(e, False) for e in spec.exporters] + ([("torchscript", True)] if spec.dynamic_axes else [])
+        for exporter, dynamic in runs:
+            name = spec.name + ("_dyn" if dynamic else "" if exporter == "torchscript" else "_dynamo")
             try:
-                proto = export_one(spec, exporter)
+                proto = export_one(spec, exporter, dynamic)
             except Exception as err:  # noqa: BLE001 - one architecture failing to export must not stop the rest
                 print(f"{name}: export failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
                 continue
@@ -161,6 +169,8 @@ def main(argv: list[str]) -> int:
             index[name] = {"name": name, "file": path.name, "inputs": {k: [list(v[0]), v[1]] for k, v in inputs.items()},
                            "source": spec.source, "exporter": f"{exporter} opset {17 if exporter == 'torchscript' else 18}",
                            "slow": spec.slow, "tags": list(spec.tags), "vocab": spec.vocab}
+            if dynamic:
+                index[name]["dynamic"] = sorted({n for axes in spec.dynamic_axes.values() for n in axes.values()})
             print(f"{name}: {len(proto.graph.node)} nodes, {path.stat().st_size / 1024:.0f} KiB stripped")
     index_path.write_text(json.dumps([index[k] for k in sorted(index)], indent=1) + "\n")
     return 0
