@@ -434,6 +434,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError("fuseguard bench times the host CPU; GPU timing runs under pytest --gpu-arch on a GPU runner")
     threads = args.threads or host_cores()
     shapes = dict(parse_shape_spec(s) for s in args.shape)
+    if options.dynamic:
+        return _bench_cliff(args, options, threads, shapes)
     from .timing import timing_env
 
     env = {**env_for(args.plugin), **timing_env(threads)}
@@ -490,6 +492,61 @@ def _bench(args: argparse.Namespace) -> int:
         atomic_write_text(args.html, render_bench([r.to_dict() for r in results], note=f"{threads} threads, "
                           f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'}"))
         print(f"wrote {args.html}")
+    return worst
+
+
+def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: dict) -> int:
+    """`bench --dynamic NAME --dim NAME=A,B,...`: the symbolic build against a static build per size."""
+    from rich.console import Console
+
+    from compiler.plugins import env_for
+
+    from .core import SuiteSpec
+    from .progress import Progress
+    from .timing import timing_env
+    from .worker import Worker, WorkerFailure, WorkerTaskError
+
+    dynamic = {d.name for d in options.dynamic}
+    sizes: dict[str, list[int]] = {}
+    for item in args.dim:
+        dim, _, values = item.partition("=")
+        parts = values.split(",")
+        if dim not in dynamic or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise UsageError(f"--dim {item!r}: with --dynamic, give NAME=A,B,... for a dynamic dim "
+                             f"({', '.join(sorted(dynamic))}), sizes >= 1")
+        sizes[dim] = [int(p) for p in parts]
+    if not sizes:
+        raise UsageError("bench --dynamic needs the sizes to time, e.g. --dim seq=16,64,128,384")
+    args.dim = []
+    sources = _sources(args)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    results, worst = [], EXIT_OK
+    env = {**env_for(args.plugin), **timing_env(threads)}
+    with Progress(len(sources)) as progress, \
+            Worker(sys_path=[str(Path.cwd())], env={**env, **progress.env}, forward_output=args.debug) as worker:
+        for i, source in enumerate(sources):
+            label = source.label if isinstance(source, SuiteSpec) else str(source)
+            progress.start(i + 1, label)
+            try:
+                result = worker.call("verify.cliff:bench_cliff", what=f"timing {label} dynamic vs static",
+                                     timeout=args.timeout, source=source, options=options, sizes=sizes,
+                                     threads=threads, repeats=args.repeats,
+                                     shapes=shapes if not isinstance(source, SuiteSpec) else None)
+            except FuseguardError as err:
+                print(f"fuseguard: error: {err}", file=sys.stderr)
+                worst = max(worst, err.exit_code)
+                continue
+            except (WorkerFailure, WorkerTaskError) as err:
+                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+                worst = max(worst, EXIT_MISMATCH)
+                continue
+            results.append(result)
+            progress.done(label, f"worst dynamic/static {result.worst:.2f}x")
+            console.print(result.render())
+    if args.json:
+        from .atomic import atomic_write_json
+
+        atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
     return worst
 
 
