@@ -109,3 +109,17 @@ def test_cli_refuses_a_bad_dynamic_at_parse_time(value: str) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("fuseguard: error: argument --dynamic: ")
+
+
+def test_a_symbolic_cuda_build_compiles_to_sass_without_spills() -> None:
+    """CUDA builds with a symbolic sequence: dlight schedules symbolic extents; ptxas accepts every kernel."""
+    from compiler import sass
+
+    if sass.find_toolkit() is None:
+        pytest.skip("no CUDA toolkit (nvcc): pip install -e '.[cuda-tools]'")
+    _, model = _softmax_ln()
+    for arch in ("sm_80", "sm_90"):
+        built = compile_model(model, options=CompileOptions(gpu_arch=arch, dynamic=parse_dynamic("seq<=256"),
+                                                            sass="require"), name="sln")
+        kernels = built.report.sass["kernels"]
+        assert kernels and all(k["spill_stores"] == 0 and not k["problems"] for k in kernels), kernels

@@ -337,7 +337,7 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
                 print(build.traceback, file=sys.stderr, end="")
             print(f"fuseguard: error: {label} ({build.config}): {build.error}", file=sys.stderr)
     checks = getattr(verdict, "checks", None)
-    if checks is not None:      # --dynamic: how much one build pair covered, and the smallest failure
+    if checks is not None and not verdict.skipped_run:  # --dynamic: what one build pair covered, the smallest failure
         ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in verdict.ranges.items())
         print(f"fuseguard: {label}: {verdict.sizes_checked} sizes ({ranges}) checked against {verdict.builds} "
               f"build(s) in {verdict.check_s:.1f} s", file=sys.stderr)
