@@ -71,11 +71,10 @@ def as_spec(dims: Sequence[DynamicDim]) -> str:
 
 
 def dim_params(model: onnx.ModelProto) -> dict[str, list[tuple[str, int]]]:
-    """{dim_param name: [(input, axis), ...]} over the model's real inputs."""
-    from .onnx_loader import graph_inputs
-
+    """{dim_param name: [(input, axis), ...]} over the model's real inputs (initializers excluded)."""
+    inits = {i.name for i in model.graph.initializer}
     out: dict[str, list[tuple[str, int]]] = {}
-    for inp in graph_inputs(model):
+    for inp in (i for i in model.graph.input if i.name not in inits):
         if not inp.type.tensor_type.HasField("shape"):
             continue
         for axis, d in enumerate(inp.type.tensor_type.shape.dim):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
@@ -350,7 +351,7 @@ def _gated_mlp_check(match: Match, hw: Hardware) -> str | None:
     except (TypeError, AttributeError):
         return "unknown shapes: the epilogue's broadcast cannot be checked"
     # structural: a symbolic dim is the same var on both sides when they do not broadcast
-    if len(a) != len(b) or not all(tvm.ir.structural_equal(x, y) for x, y in zip(a, b)):
+    if len(a) != len(b) or not all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b)):
         return "the up projection broadcasts against the gate: not an elementwise epilogue"
     return None
 
