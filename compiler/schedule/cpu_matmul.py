@@ -150,6 +150,9 @@ def schedule_matmul(
     if around is None:
         return False
     mm, epilogue = around
+    padded_n = False
+    if info.m is None or info.n is None:
+        mm, epilogue, padded_n = _pad_symbolic(sch, mm, epilogue, info, tiles)
     if epilogue is None:
         # Accumulate into a tile-local buffer; writing the output in place per k-step would go to memory.
         epilogue = sch.cache_write(mm, 0, "global")
@@ -176,7 +179,7 @@ def schedule_matmul(
     if parallel:
         sch.parallel(sch.fuse(*batch, jo, io))
     sch.unroll(ii)
-    vec = _divisible(info.n, nr)
+    vec = _divisible(info.n, nr) or padded_n
     if vec:
         sch.vectorize(ji)
     eloops = sch.get_loops(epilogue)
@@ -188,6 +191,37 @@ def schedule_matmul(
     if vec and sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
         sch.vectorize(iloops[-1])
     return True
+
+
+def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, info: MatmulInfo,
+                  tiles: MatmulTiles) -> tuple[SBlockRV, SBlockRV | None, bool]:
+    """A symbolic row (or column) count: pad the matmul's domain to whole tiles (`pad_einsum`), so the
+    micro-kernel runs without a bound check and its accumulator tile stays in registers; only the copy out
+    (inlined into the epilogue) is bounded. Split with a predicate instead, the tile was not compacted and
+    the 768x768 projection of BERT ran 2.3x slower than its static build (seq 128, Zen4).
+
+    Padded rows read A as 0 (the pad producer is inlined: one select per broadcast A element); padded
+    columns read a zero-padded copy of B (a vector select per load would cost more than the copy)."""
+    block = sch.get(mm)
+    pads = [1] * len(block.iter_vars)
+    if info.m is None:
+        pads[info.i_iter] = tiles.mr
+    padded_n = info.n is None
+    if padded_n:
+        pads[info.j_iter] = tiles.nr
+    name = block.name_hint
+    sch.pad_einsum(mm, pads)
+    mm = sch.get_sblock(name)
+    for producer in sch.get_producers(mm):
+        reads_b = any(r.source.same_as(info.b_buffer) for r in sch.get(producer).reads)
+        if padded_n and reads_b:
+            continue
+        sch.compute_inline(producer)
+    (copy,) = sch.get_consumers(mm)
+    if epilogue is None:
+        return mm, copy, padded_n
+    sch.compute_inline(copy)
+    return mm, epilogue, padded_n
 
 
 def _elementwise_on(sch: s_tir.Schedule, epi: SBlockRV, mm: SBlockRV) -> bool:
