@@ -484,9 +484,14 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     than unfused on CPU)."""
     scores = match.annotated["scores"]
     try:
-        shape = [int(d) for d in scores.ty.shape.values]
+        symbolic = not all(isinstance(d, tvm.tirx.IntImm) for d in scores.ty.shape.values)
     except (TypeError, AttributeError):
-        return "scores of symbolic shape (the tiled kernel is specialised per shape)"
+        return "scores of unknown shape"
+    if symbolic and hw.is_gpu:
+        return "scores of symbolic shape (the CUDA tiled kernel is specialised per shape)"
+    shape = dims_for_cost(scores)     # symbolic dims at the cost model's sizes: for the tile choice
+    if shape is None:
+        return "scores of symbolic shape with no size to choose tiles at"
     if len(shape) == 3:          # [batch * heads, seq_q, seq_k]: torch's MultiheadAttention
         shape = [1, *shape]
     if len(shape) != 4:
@@ -508,15 +513,16 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
         return (f"'{escaping[0].name}' is also used outside the group: the tiled kernel returns only the "
                 f"attention output")
     q = match.annotated["q"]
+    if not isinstance(q.ty.shape.values[-1], tvm.tirx.IntImm):
+        return "symbolic head size"
     head_dim = int(q.ty.shape.values[-1])
     dtype = str(q.ty.dtype)
     if dtype not in ("float32", "float16"):
         return f"{dtype} attention: the tiled kernel is written for float32 and float16"
     v = match.annotated["v"]
-    try:
-        v_dims = [int(d) for d in v.ty.shape.values]
-    except (TypeError, AttributeError):
-        return "V of symbolic shape"
+    v_dims = dims_for_cost(v)
+    if v_dims is None:
+        return "V of unknown shape"
     if len(v_dims) < 2 or v_dims[-1] != head_dim or v_dims[-2] != shape[3]:
         return (f"V of shape {v_dims}: the tiled kernel needs V's head size equal to Q's ({head_dim}) and one "
                 f"value row per key")
@@ -731,11 +737,21 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     if mask is not None:
         mrank = len(mask.ty.shape.values)
         if mrank < 4:
-            mask = bb.emit(relax.op.reshape(mask, [1] * (4 - mrank) + [int(d) for d in mask.ty.shape.values]))
+            mask = bb.emit(relax.op.reshape(mask, [1] * (4 - mrank) + list(mask.ty.shape.values)))
     k = bb.emit(relax.op.permute_dims(kt, [0, 1, 3, 2]))
-    # the tile the cost model's check chose (compiler/kernels/attention.cuda_tile_budget)
+    # the tile the cost model's check chose (compiler/kernels/attention.cuda_tile_budget), at the cost
+    # model's sizes for symbolic sequences
     budget = cuda_tile_budget(for_target("cuda", spec.arch)) if spec.is_gpu else None
-    call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), max_shared_bytes=budget, name="fused_attention")
+    seq_dims = (q.ty.shape.values[-2], k.ty.shape.values[-2])
+    tile_sizes = None
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in seq_dims):
+        from .kernels.attention import SYMBOLIC_SEQ_TILE_AT
+
+        q_at, k_at = dims_for_cost(q), dims_for_cost(k)
+        if q_at is not None and k_at is not None:
+            tile_sizes = (min(q_at[-2], SYMBOLIC_SEQ_TILE_AT), min(k_at[-2], SYMBOLIC_SEQ_TILE_AT))
+    call = attention_call(bb, q, k, v, mask, scale, spec.tvm_target(), max_shared_bytes=budget,
+                          name="fused_attention", tile_sizes=tile_sizes)
     if rank == 3:
         out = bb.emit(call)
         return relax.op.squeeze(out, [0])

@@ -451,8 +451,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         start = time.perf_counter()
         wanted = {gv: patterns.PATTERNS[d.pattern].replacement for gv, d in links.items()
                   if d.pattern in patterns.PATTERNS and patterns.PATTERNS[d.pattern].replacement is not None}
-        with target:
-            mod, replaced = apply_replacements(mod, wanted, spec)
+        with target, patterns.decide_at({d.name: d.decide_size for d in options.dynamic}):
+            mod, replaced = apply_replacements(mod, wanted, spec)    # kernels tiled at the same sizes
         links.update({kernel: links[composite] for kernel, composite in replaced.items()})
         rep.stage_s["replacements"] = time.perf_counter() - start
     mod = _run_user_passes("after_fusion", mod, options)

@@ -88,6 +88,23 @@ def test_cpu_matches_numpy(case: tuple) -> None:
     np.testing.assert_allclose(got, reference(q, k, v, scale, mask), rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_symbolic_sequences_one_kernel_for_every_size() -> None:
+    """Batch and both sequences symbolic (a per-key mask over them too): one compiled kernel, any size."""
+    b, sq, sk = (tvm.tirx.Var(n, "int64") for n in ("b", "sq", "sk"))
+    func = attention_primfunc(b, 4, sq, sk, 16, mask_shape=(b, 1, 1, sk), scale=0.25, target=CPU,
+                              tile_sizes=(16, 16))
+    lib = tvm.compile(func, target=CPU)
+    for bs, q_len, k_len in ((1, 1, 1), (2, 17, 5), (1, 40, 33)):
+        q, k, v, mask = make_inputs(bs, 4, q_len, k_len, 16, (bs, 1, 1, k_len), seed=q_len)
+        out = tvm.runtime.tensor(np.zeros(q.shape, q.dtype))
+        lib["fused_attention"](*(tvm.runtime.tensor(x) for x in (q, k, v, mask)), out)
+        np.testing.assert_allclose(out.numpy(), reference(q, k, v, 0.25, mask), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="specialised per shape"):
+        attention_primfunc(1, 4, sq, sq, 16, scale=0.25, target=SM80, tile_sizes=(16, 16))
+    with pytest.raises(ValueError, match="tile_sizes"):
+        attention_primfunc(1, 4, sq, sq, 16, scale=0.25, target=CPU)
+
+
 def test_cpu_masked_keys_get_no_weight() -> None:
     """With -10000 on a key, changing that key's V row must not change the output."""
     b, h, s, d = 1, 2, 37, 16
