@@ -154,6 +154,35 @@ def _expand_static(inputs: list) -> relax.Expr | None:
     return relax.op.broadcast_to(data, out) if out != dims else data
 
 
+def _int_scalar(x: object) -> "int | tvm.tirx.PrimExpr | None":
+    """A Range bound as an int (constant) or a PrimExpr (a symbolic dim read off a Shape); else None."""
+    if tvm.ir.is_prim_expr(x):
+        return int(x.value) if isinstance(x, tvm.tirx.IntImm) else x
+    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
+    if data is not None and hasattr(data, "numpy"):
+        arr = data.numpy()
+        if arr.size == 1 and arr.dtype.kind in "iu":
+            return int(arr.reshape(()))
+    return None
+
+
+def _range_symbolic(inputs: list) -> relax.Expr | None:
+    """`Range(0, Shape(x)[1], 1)` (BERT's and GPT-2's position ids) with a symbolic sequence: `arange` with
+    the PrimExpr bound, so the output has shape (seq,). The stock converter reads the count back from a
+    tensor into a fresh shape var that VMShapeLower could not compute (BERT's dynamic export failed at
+    memory planning)."""
+    start, limit, delta = (_int_scalar(x) for x in inputs)
+    if any(v is None for v in (start, limit, delta)) or all(isinstance(v, int) for v in (start, limit, delta)):
+        return None
+    if not (isinstance(start, int) and isinstance(delta, int) and delta > 0):
+        return None
+    first = inputs[0]
+    dtype = str(first.ty.dtype) if isinstance(getattr(first, "ty", None), relax.TensorType) else "int64"
+    if not dtype.startswith("int"):
+        return None
+    return relax.op.arange(start, limit, delta, dtype)
+
+
 def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
     """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
 
@@ -200,6 +229,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
         if isinstance(ty, relax.TensorType) and ty.dtype == target:
             return inputs[0]
         return None
+    if op_name == "Range" and len(inputs) == 3:
+        return _range_symbolic(inputs)
     if op_name == "Sum" and len(inputs) >= 1 and all(isinstance(i, relax.Expr) for i in inputs):
         out = inputs[0]
         for other in inputs[1:]:

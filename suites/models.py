@@ -9,6 +9,7 @@ patterns must recognise.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -107,6 +108,9 @@ class SuiteModel:
     slow: bool = False
     samplers: Mapping[str, InputSampler] = field(default_factory=dict)
     description: str = ""
+    #: dims the ONNX itself names (`dim_param`, a torch `dynamic_axes` export): `--dynamic` keeps them
+    #: symbolic without relabelling; their draw ranges are in `dim_ranges`
+    dynamic_dims: tuple[str, ...] = ()
 
     def resolve_dims(self, dims: Mapping[str, int] | None = None) -> Dims:
         """Defaults overlaid with ``dims``; unknown names and non-positive sizes are rejected."""
@@ -131,6 +135,9 @@ class SuiteModel:
         """{input or output: {axis: dim name}} for the axes that the dims `names` size, as
         `torch.onnx.export(dynamic_axes=...)` writes them: found by building the model at the default dims
         and with each dim one larger (every axis that changes is that dim's)."""
+        if all(n in self.dynamic_dims for n in names):
+            return {}       # already named in the export
+
         def io_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
             return {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
                     for vi in list(model.graph.input) + list(model.graph.output)}
@@ -627,6 +634,24 @@ def _zoo_entry(entry, peaked: bool = False) -> SuiteModel:
     )
 
 
+#: Draw ranges of the `_dyn` exports' symbolic dims: the configs' max_position_embeddings is 128.
+DYNAMIC_ZOO_RANGES = {"batch": (1, 4), "seq": (1, 128)}
+
+
+@functools.lru_cache(maxsize=1)
+def dynamic_zoo_models() -> tuple[SuiteModel, ...]:
+    """The zoo's exports with symbolic dims (`*_dyn.onnx`), for `--dynamic` builds only."""
+    from suites import zoo
+
+    out = []
+    for e in zoo.zoo_entries():
+        if e.dynamic:
+            base = _zoo_entry(e)
+            out.append(dataclasses.replace(base, dynamic_dims=tuple(e.dynamic),
+                                           dim_ranges={d: DYNAMIC_ZOO_RANGES.get(d, (1, 128)) for d in e.dynamic}))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=1)
 def zoo_models() -> tuple[SuiteModel, ...]:
     """The real-export zoo (suites/zoo): torch.onnx.export output committed without weights."""
@@ -655,8 +680,8 @@ def suite_models(*, include_slow: bool = True, tag: str | None = None) -> list[S
 
 def get_model(name: str) -> SuiteModel:
     """The suite model called ``name``; the KeyError lists every known name."""
-    for model in _registry() + zoo_models():
+    every = _registry() + zoo_models() + dynamic_zoo_models()
+    for model in every:
         if model.name == name:
             return model
-    raise KeyError(f"unknown suite model {name!r}; known: "
-                   f"{', '.join(m.name for m in _registry() + zoo_models())}")
+    raise KeyError(f"unknown suite model {name!r}; known: {', '.join(m.name for m in every)}")

@@ -150,10 +150,10 @@ def _load(source: Any, shapes: Any, options: CompileOptions, name: str | None,
 
         entry = get_model(source.name)
         names = [d.name for d in options.dynamic]
-        unknown = [n for n in names if n not in entry.default_dims]
+        unknown = [n for n in names if n not in entry.default_dims and n not in entry.dynamic_dims]
         if unknown:
             raise UsageError(f"{source.name}: --dynamic {unknown[0]}: the model's dims are "
-                             f"{', '.join(entry.default_dims)}")
+                             f"{', '.join([*entry.default_dims, *entry.dynamic_dims]) or '(none)'}")
         name, seed = name or source.label, source.seed
         suite_ranges = {n: entry.dim_ranges[n] for n in names}
         source = relabel(source.build(), entry.dynamic_axes(names))
