@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -322,6 +323,64 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
 FOLD_DISABLED_OPTIMIZERS = ("MatMulAddFusion",)
 
 
+def read_static_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`Gather(Shape(x), i)` -> a Constant where ONNX shape inference knows dim i of x statically.
+
+    With a dim left symbolic, ONNX Runtime folds no `Shape` of a tensor that has it, so every shape
+    computation behind one stayed at run time, even the ones reading a static dim: LLaMA's rotate_half
+    slices at `x.shape[-1] // 2`, whose tensor-valued bounds left the rotary embedding of unknown shape
+    and its dynamic export unimportable. Reading the static dims first lets the ORT fold finish the job.
+    A copy is returned; the input is untouched.
+    """
+    from onnx import numpy_helper
+
+    from .onnx_loader import _weightless_copy
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_weightless_copy(model), strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - no inference, nothing to read
+        return model
+    g = inferred.graph
+    dims: dict[str, list[int | None]] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            dims[vi.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in t.shape.dim]
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    shapes = {}
+    for n in model.graph.node:
+        if n.op_type == "Shape" and n.input[0] in dims:
+            attrs = {a.name: a.i for a in n.attribute}
+            rank = len(dims[n.input[0]])
+            start, end = attrs.get("start", 0), attrs.get("end", rank)
+            shapes[n.output[0]] = dims[n.input[0]][slice(start, end)]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    changed = False
+    for n in out.graph.node:
+        index = consts.get(n.input[1]) if n.op_type == "Gather" and len(n.input) == 2 else None
+        read = shapes.get(n.input[0]) if index is not None else None
+        if read is not None and index.size == 1 and index.dtype.kind in "iu":
+            i = int(index.reshape(()))
+            value = read[i] if -len(read) <= i < len(read) else None
+            if value is not None:
+                arr = np.asarray(value, dtype=np.int64).reshape(index.shape)
+                nodes.append(onnx.helper.make_node("Constant", [], [n.output[0]], name=n.name,
+                                                   value=numpy_helper.from_array(arr)))
+                changed = True
+                continue
+        nodes.append(n)
+    if not changed:
+        return model
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
     """Fold Shape->Gather->Concat->Reshape chains with ONNX Runtime's BASIC optimiser.
 
@@ -336,7 +395,7 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = out
         options.log_severity_level = 3
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+        ort.InferenceSession(read_static_dims(model).SerializeToString(), options, providers=["CPUExecutionProvider"],
                              disabled_optimizers=list(FOLD_DISABLED_OPTIMIZERS))
         prepared = onnx.load(out, load_external_data=True)
     # ORT renames nothing it keeps, but may drop names of nodes it created.

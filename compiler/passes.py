@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -89,6 +91,35 @@ def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRMo
 
 # ------------------------------------------------------------------------ normalising exporter forms
 
+def shape_dims(expr: relax.Expr) -> list | None:
+    """An expression's tensor dims as PrimExprs (static or symbolic), or None (not a tensor, unknown rank)."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return list(ty.shape.values)
+    except (TypeError, AttributeError):
+        return None
+
+
+def same_dims(a: Sequence, b: Sequence) -> bool:
+    """Equal dim lists: ints by value, symbolic dims structurally (the same var or expression)."""
+    import tvm_ffi
+
+    def norm(d: object) -> object:
+        return int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else d
+
+    if len(a) != len(b):
+        return False
+    for x, y in zip(map(norm, a), map(norm, b)):
+        if isinstance(x, int) or isinstance(y, int):
+            if x != y:
+                return False
+        elif not tvm_ffi.structural_equal(x, y):
+            return False
+    return True
+
+
 def static_dims(expr: relax.Expr) -> list[int] | None:
     """An expression's static tensor shape, or None (not a tensor, unknown rank or a symbolic dim)."""
     ty = getattr(expr, "ty", None)
@@ -120,11 +151,11 @@ def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) ->
 
     def rewrite(m: dict) -> relax.Expr | None:
         expr = m[pattern]
-        src, res = static_dims(m[x]), static_dims(expr)
+        src, res = shape_dims(m[x]), shape_dims(expr)     # symbolic batch/seq too (dynamic builds)
         w = static_dims(m[weight])
-        if src is None or res is None or w is None or len(w) != 2 or len(src) < 3:
+        if src is None or res is None or w is None or len(w) != 2 or len(src) < 3 or len(res) != len(src):
             return None
-        if res[:-1] != src[:-1] or src[-1] != w[0] or res[-1] != w[1]:
+        if not (same_dims(res[:-1], src[:-1]) and same_dims(src[-1:], [w[0]]) and same_dims(res[-1:], [w[1]])):
             return None
         out = relax.op.matmul(m[x], m[weight])
         if bias in m:

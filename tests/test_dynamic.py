@@ -123,3 +123,27 @@ def test_a_symbolic_cuda_build_compiles_to_sass_without_spills() -> None:
                                                             sass="require"), name="sln")
         kernels = built.report.sass["kernels"]
         assert kernels and all(k["spill_stores"] == 0 and not k["problems"] for k in kernels), kernels
+
+
+def test_static_dims_read_off_a_shape_become_constants() -> None:
+    """`Gather(Shape(x), 2)` of a static dim folds even though dim 1 is symbolic (LLaMA's rotate_half)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from compiler.importer import read_static_dims
+
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "i2"], ["d2"], axis=0),
+         helper.make_node("Gather", ["s", "i1"], ["d1"], axis=0)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 32])],
+        [helper.make_tensor_value_info("d2", TensorProto.INT64, []),
+         helper.make_tensor_value_info("d1", TensorProto.INT64, [])],
+        initializer=[helper.make_tensor("i2", TensorProto.INT64, [], [2]),
+                     helper.make_tensor("i1", TensorProto.INT64, [], [1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out = read_static_dims(model)
+    ops = {n.output[0]: n.op_type for n in out.graph.node}
+    assert ops["d2"] == "Constant" and ops["d1"] == "Gather"      # the symbolic dim stays a run-time read
+    assert onnx.numpy_helper.to_array(next(n for n in out.graph.node if n.output[0] == "d2").attribute[0].t) == 32
+    assert [n.op_type for n in model.graph.node] == ["Shape", "Gather", "Gather"]    # the input is untouched
