@@ -508,6 +508,12 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
         if not isinstance(mask.ty, relax.TensorType) or mask.ty.shape is None or \
                 len(mask.ty.shape.values) > len(scores.ty.shape.values):
             return "mask of unknown or higher rank than the scores"
+        from .passes import same_dims
+
+        for m_dim, s_dim in zip(reversed(list(mask.ty.shape.values)), reversed(list(scores.ty.shape.values))):
+            if not (same_dims([m_dim], [1]) or same_dims([m_dim], [s_dim])):
+                return (f"mask dim {m_dim} does not provably broadcast to the scores' {s_dim} (a symbolic "
+                        f"dim the kernel cannot check)")
     escaping = match.escaping()
     if escaping:
         return (f"'{escaping[0].name}' is also used outside the group: the tiled kernel returns only the "

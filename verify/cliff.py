@@ -117,10 +117,12 @@ def bench_cliff(source: Any, *, options: CompileOptions, sizes: Mapping[str, Seq
             for inp, axis in where:
                 pinned[inp][axis] = at.get(dim, pinned[inp][axis])
         inputs = make_inputs(loaded.model, {k: tuple(v) for k, v in pinned.items()}, seed=seed)
-        if suite is not None:
+        if suite is not None and not all(n in suite.dynamic_dims for n in names):
             static_source = SuiteSpec(source.name, tuple(sorted({**dict(source.dims), **at}.items())),
                                       seed=source.seed).build()
             static_loaded = load(static_source, name=f"{loaded.name}@{at}")
+        elif suite is not None:     # an export that names its dims: pin them
+            static_loaded = load(source.build(), {k: tuple(v) for k, v in pinned.items()}, name=f"{loaded.name}@{at}")
         else:
             static_loaded = load(source, {k: tuple(v) for k, v in pinned.items()}, name=f"{loaded.name}@{at}")
         with progress.scope(f"compile static {at}"):
