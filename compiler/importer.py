@@ -45,9 +45,10 @@ class ImportResult:
 class _TracingImporter(_frontend.ONNXGraphImporter):
     """The stock importer, binding each converted node's result to a var tagged with its index."""
 
-    def __init__(self, *args, node_index: dict[str, int], **kwargs):
+    def __init__(self, *args, node_index: dict[str, int], shape_ok: frozenset[str] = frozenset(), **kwargs):
         super().__init__(*args, **kwargs)
         self._node_index = node_index
+        self._shape_ok = shape_ok
 
     def _convert_operator(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
         # The stock method normalises the converter's result, which binds multi-output ops (BatchNorm's
@@ -56,6 +57,9 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         if op_name not in convert_map:
             raise UnsupportedOperatorError(f"unsupported operator {op_name}")
         sym = _fuseguard_converter(op_name, inputs, attrs)
+        if sym is None and op_name == "Gather" and len(inputs) == 2 and \
+                attrs.get("tvm_custom", {}).get("name", "") in self._shape_ok:
+            sym = _gather_shape(inputs, attrs)
         if sym is None:
             op_function = convert_map[op_name].get_converter(opset)
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
@@ -165,6 +169,29 @@ def _int_scalar(x: object) -> "int | tvm.tirx.PrimExpr | None":
         if arr.size == 1 and arr.dtype.kind in "iu":
             return int(arr.reshape(()))
     return None
+
+
+def _gather_shape(inputs: list, attrs: dict) -> relax.Expr | None:
+    """`Gather(Shape(x), [i, j, ...])` (a constant index vector: ORT's transpose optimiser writes the
+    permuted shape of a transposed tensor so) stays a ShapeExpr of x's dims. The stock converter keeps
+    only a 0-D index symbolic and materialises any other as an int64 tensor, so every Reshape behind it
+    (LLaMA's attention heads with a symbolic batch and sequence) had a tensor-valued, unimportable shape."""
+    data, indices = inputs
+    if not isinstance(data, relax.ShapeExpr) or int(attrs.get("axis", 0)) != 0:
+        return None
+    arr = _const_array(indices)
+    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
+        return None
+    values = list(data.values)
+    if not all(-len(values) <= int(i) < len(values) for i in arr):
+        return None
+    return relax.ShapeExpr([values[int(i)] for i in arr])
+
+
+def _const_array(x: object) -> "np.ndarray | None":
+    """The value of a relax constant, else None (a Var or a computed tensor)."""
+    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
+    return data.numpy() if data is not None and hasattr(data, "numpy") else None
 
 
 def _range_symbolic(inputs: list) -> relax.Expr | None:
@@ -289,6 +316,25 @@ def _input_shapes(loaded: LoadedModel, dynamic: Sequence[DynamicDim]) -> dict[st
     return symbolic_shapes(loaded.input_shapes, check_names(loaded.model, dynamic, label))
 
 
+#: The ops TVM's frontend lets a ShapeExpr reach (`ONNXGraphImporter._construct_nodes` keeps this list
+#: local; any other op given one raises "cannot handle ShapeExpr inputs").
+SHAPE_COMPATIBLE_OPS = frozenset({"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape", "Expand",
+                                  "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze"})
+
+
+def _shape_consumed(model: onnx.ModelProto) -> frozenset[str]:
+    """Names of the nodes whose every output is read only by ops that take a ShapeExpr (and is no graph
+    output): their result may stay symbolic."""
+    readers: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    outputs = {o.name for o in model.graph.output}
+    return frozenset(n.name for n in model.graph.node
+                     if all(o not in outputs and o in readers and readers[o] <= SHAPE_COMPATIBLE_OPS
+                            for o in n.output))
+
+
 def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
                 dynamic: Sequence[DynamicDim] = ()) -> ImportResult:
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
@@ -299,6 +345,7 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
         keep_params_in_input=False,
         sanitize=True,
         node_index=node_index,
+        shape_ok=_shape_consumed(model),
     )
     # The frontend prints "Error converting operator ..." with whole Relax expressions before re-raising.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):

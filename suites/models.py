@@ -659,8 +659,8 @@ def zoo_models() -> tuple[SuiteModel, ...]:
 
     # Each TorchScript transformer also as a peaked variant: large attention logits, where the online
     # softmax of a fused attention kernel differs most from the reference's.
-    # The `_dyn` exports (symbolic batch and sequence) are for symbolic builds: TVM's frontend does not
-    # import them yet (see suites/zoo/export.py), and pinned they are the static exports again.
+    # The `_dyn` exports (symbolic batch and sequence) are for symbolic builds (dynamic_zoo_models): pinned
+    # they are the static exports again.
     static = [e for e in zoo.zoo_entries() if not e.dynamic]
     plain = [_zoo_entry(e) for e in static]
     peaked = [_zoo_entry(e, peaked=True) for e in static

@@ -20,10 +20,10 @@ DYNAMIC = {
     "attention_masked": "seq",
     "mlp_gelu": "batch,seq",
     "softmax_layernorm": "seq",
-    # real torch.onnx.export output with dynamic_axes (suites/zoo/*_dyn.onnx); llama_tiny_dyn does not
-    # import yet (docs/dynamic-shapes.md)
+    # real torch.onnx.export output with dynamic_axes (suites/zoo/*_dyn.onnx)
     "bert_tiny_dyn": "batch,seq",
     "gpt2_tiny_dyn": "batch,seq",
+    "llama_tiny_dyn": "batch,seq",
 }
 DRAWS = 50
 

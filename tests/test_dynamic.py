@@ -129,7 +129,6 @@ def test_static_dims_read_off_a_shape_become_constants() -> None:
     """`Gather(Shape(x), 2)` of a static dim folds even though dim 1 is symbolic (LLaMA's rotate_half)."""
     import onnx
     from onnx import TensorProto, helper
-
     from compiler.importer import read_static_dims
 
     g = helper.make_graph(
@@ -147,3 +146,43 @@ def test_static_dims_read_off_a_shape_become_constants() -> None:
     assert ops["d2"] == "Constant" and ops["d1"] == "Gather"      # the symbolic dim stays a run-time read
     assert onnx.numpy_helper.to_array(next(n for n in out.graph.node if n.output[0] == "d2").attribute[0].t) == 32
     assert [n.op_type for n in model.graph.node] == ["Shape", "Gather", "Gather"]    # the input is untouched
+
+
+def test_a_permuted_shape_stays_symbolic_where_only_shape_ops_read_it() -> None:
+    """`Gather(Shape(x), [0, 2, 1, 3])` (ORT's transpose optimiser writes a transposed tensor's shape so)
+    feeds a Reshape: it imports as a ShapeExpr, so one symbolic build runs every sequence length; the same
+    index read by a Mul stays a tensor (TVM's frontend refuses a ShapeExpr there)."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+         helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "perm"], ["ts"], axis=0),
+         helper.make_node("Gather", ["ts", "zero"], ["b"], axis=0),
+         helper.make_node("Gather", ["ts", "one"], ["n"], axis=0),
+         helper.make_node("Unsqueeze", ["b", "axis0"], ["b1"]),
+         helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+         helper.make_node("Concat", ["b1", "n1", "minus1"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["t", "shape"], ["y"]),
+         helper.make_node("Gather", ["s", "sel"], ["seqv"], axis=0),
+         helper.make_node("Cast", ["seqv"], ["seqf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["seqf", "two"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "m"]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])],
+        initializer=[helper.make_tensor("perm", TensorProto.INT64, [4], [0, 2, 1, 3]),
+                     helper.make_tensor("sel", TensorProto.INT64, [1], [1]),
+                     helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+                     helper.make_tensor("one", TensorProto.INT64, [], [1]),
+                     helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("minus1", TensorProto.INT64, [1], [-1]),
+                     helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    dyn = parse_dynamic("seq")
+    compiled = compile_model(model, options=CompileOptions(dynamic=dyn), name="permuted")
+    for seq in (1, 7, 33):
+        x = np.random.default_rng(seq).standard_normal((1, seq, 4, 8)).astype("float32")
+        y, z = compiled.run({"x": x})
+        np.testing.assert_array_equal(y, x.transpose(0, 2, 1, 3).reshape(1, 4, -1))
+        np.testing.assert_array_equal(z, np.array([2.0 * seq], dtype="float32"))
