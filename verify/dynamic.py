@@ -195,7 +195,17 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
     axes = check_names(loaded.model, options.dynamic, loaded.name)
     session = _session(loaded)
 
+    done: dict[tuple[tuple[str, int], ...], ShapeCheck] = {}
+
     def check_one(sizes: dict[str, int]) -> ShapeCheck:
+        # Inputs are seeded per size, so a size drawn again (hypothesis repeats the edges: 100 draws of
+        # bert_encoder were 73 distinct sizes) would compute exactly the same: reuse its result.
+        key = tuple(sorted(sizes.items()))
+        if key not in done:
+            done[key] = _check_size(sizes)
+        return done[key]
+
+    def _check_size(sizes: dict[str, int]) -> ShapeCheck:
         result = ShapeCheck(sizes=dict(sizes))
         pinned = {k: list(v) for k, v in loaded.input_shapes.items()}
         for dim, where in axes.items():
@@ -226,8 +236,10 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
     @given(sizes_strategy(ranges))
     def search(sizes: dict[str, int]) -> None:
         progress.stage(f"check {', '.join(f'{k}={v}' for k, v in sizes.items())} ({len(checks) + 1})")
+        fresh = tuple(sorted(sizes.items())) not in done
         result = check_one(sizes)
-        checks.append(result)
+        if fresh:
+            checks.append(result)
         if not result.passed:
             raise _SizeFailed(result)
 
