@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (times, "
                    "ratios against ONNX Runtime with intervals, chart)")
     b.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
+    b.add_argument("--buckets", action="append", default=[], metavar="[NAME=]A,B,...",
+                   help="with --dynamic: also time static builds for these sizes, each size padded to the "
+                        "smallest bucket that holds it (NAME may be left out with one --dynamic dim)")
 
     bl = sub.add_parser("baseline", help="per-architecture latency baselines: update, check, import, export")
     bl.add_argument("action", choices=["update", "check", "show", "history", "import", "export"],
@@ -436,6 +439,8 @@ def _bench(args: argparse.Namespace) -> int:
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     if options.dynamic:
         return _bench_cliff(args, options, threads, shapes)
+    if args.buckets:
+        raise UsageError("--buckets pads sizes of a symbolic build: give --dynamic NAME too")
     from .timing import timing_env
 
     env = {**env_for(args.plugin), **timing_env(threads)}
@@ -517,6 +522,16 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
         sizes[dim] = [int(p) for p in parts]
     if not sizes:
         raise UsageError("bench --dynamic needs the sizes to time, e.g. --dim seq=16,64,128,384")
+    buckets: dict[str, list[int]] = {}
+    for item in args.buckets:
+        dim, eq, values = item.rpartition("=")
+        if not eq and len(dynamic) == 1:
+            dim = next(iter(dynamic))
+        parts = values.split(",")
+        if dim not in dynamic or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise UsageError(f"--buckets {item!r}: give [NAME=]A,B,... for a dynamic dim ({', '.join(sorted(dynamic))};"
+                             f" NAME may be left out with one), sizes >= 1")
+        buckets[dim] = [int(p) for p in parts]
     args.dim = []
     sources = _sources(args)
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -530,7 +545,7 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
             try:
                 result = worker.call("verify.cliff:bench_cliff", what=f"timing {label} dynamic vs static",
                                      timeout=args.timeout, source=source, options=options, sizes=sizes,
-                                     threads=threads, repeats=args.repeats,
+                                     threads=threads, repeats=args.repeats, buckets=buckets,
                                      shapes=shapes if not isinstance(source, SuiteSpec) else None)
             except FuseguardError as err:
                 print(f"fuseguard: error: {err}", file=sys.stderr)
