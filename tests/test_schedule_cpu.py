@@ -336,3 +336,31 @@ def test_scheduled_functions_are_marked(target: tvm.target.Target) -> None:
     with target:  # idempotent: already-scheduled functions are left as they are
         again, report = schedule_cpu_module_with_report(out, target)
     assert set(report.left_alone.values()) == {"already scheduled"}
+
+
+def test_symbolic_kernels_go_parallel_only_when_the_call_has_the_work(target: tvm.target.Target) -> None:
+    """A symbolic extent used to count as large, so every symbolic kernel ran in parallel and small calls
+    paid the pool's wake-up (4x at seq 5). Now the parallel loop nest is kept beside a serial copy and each
+    call picks by its work; both branches compute the same."""
+    from tvm import te
+
+    from compiler.schedule.cpu import PARALLEL_MIN_WORK
+
+    n = tirx.Var("n", "int64")
+    a = te.placeholder((n, 1024), name="A")
+    b = te.compute((n, 1024), lambda i, j: a[i, j] * 2.0 + 1.0, name="B")
+    mod = tvm.IRModule({"scale": te.create_prim_func([a, b]).with_attr("global_symbol", "scale")})
+    with target:
+        sched, report = schedule_cpu_module_with_report(mod, target, num_threads=2)
+    assert report.scheduled == {"scale": "injective"}
+    script = sched["scale"].script()
+    assert "T.parallel" in script and f">= {PARALLEL_MIN_WORK}" in script.replace("T.int64(", "").replace(")", "")
+    off, _ = schedule_cpu_module_with_report(mod, target, num_threads=2,
+                                             options=CpuScheduleOptions(parallel_when_worth=False))
+    assert "if" not in off["scale"].script()
+    lib = tvm.compile(sched, target=target)
+    for rows in (3, PARALLEL_MIN_WORK // 1024 + 7):     # the serial branch, then the parallel one
+        x = np.random.default_rng(rows).standard_normal((rows, 1024)).astype("float32")
+        out = tvm.runtime.tensor(np.zeros_like(x))
+        lib["scale"](tvm.runtime.tensor(x), out)
+        np.testing.assert_array_equal(out.numpy(), x * 2.0 + 1.0)
