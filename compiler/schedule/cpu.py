@@ -23,7 +23,7 @@ from . import approx
 from .cpu_conv import conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
-from .cpu_matmul import choose_tiles, match_matmul, schedule_matmul
+from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, schedule_matmul
 from .packing import pack_array
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
 
@@ -56,6 +56,8 @@ class CpuScheduleOptions:
     parallel: bool = True
     # Symbolic functions choose parallel or serial per call by their work (`_parallel_when_worth`).
     parallel_when_worth: bool = True
+    # Padded rows of a symbolic matmul read row m-1 again instead of a select (cpu_matmul.clamp_padded_rows).
+    clamp_padded_rows: bool = True
     # Polynomial exp/erf/tanh that stay vectorised: <= 3.3e-7 abs error (a few float32 ulp), inf/NaN kept.
     fast_math: bool = True
 
@@ -184,6 +186,12 @@ def _parallel_when_worth(func: tirx.PrimFunc, work: tirx.PrimExpr | None) -> tir
     if work is None:
         return func
     cond = work >= tirx.IntImm("int64", PARALLEL_MIN_WORK)
+    # Buffers go to where they are used first (as lowering would place them): a tile accumulator allocated
+    # at the root and read in both branches stayed whole-size, in memory, and the matmuls ran 2.4x slower.
+    # (that pass wants reduction inits lowered first, as lowering does.)
+    func = tvm.ir.transform.Sequential([s_tir.transform.LowerInitBlock(),
+                                        s_tir.transform.PlanAndUpdateBufferAllocationLocation()])(
+        tvm.IRModule({"main": func}))["main"]
 
     def _serial(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
         body = mutator.mutate(loop.body)
@@ -195,11 +203,36 @@ def _parallel_when_worth(func: tirx.PrimFunc, work: tirx.PrimExpr | None) -> tir
         if loop.kind != tirx.ForKind.PARALLEL:
             return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, mutator.mutate(loop.body),
                             loop.thread_binding, loop.annotations, loop.step, loop.span)
-        return tirx.IfThenElse(cond, loop, tvm_ffi.structural_mutate(loop, (tirx.For, _serial)))
+        serial = tvm_ffi.structural_mutate(loop, (tirx.For, _serial))
+        return tirx.IfThenElse(cond, loop, _own_buffers(serial))
 
     out = tvm_ffi.structural_mutate(func, (tirx.For, _branch))
-    # both branches hold the same loop vars and buffers: give each definition its own
+    # both branches hold the same loop and block vars: give each definition its own
     return tirx.transform.ConvertSSA()(tvm.IRModule({"main": out}))["main"]
+
+
+def _own_buffers(stmt: tirx.Stmt) -> tirx.Stmt:
+    """The buffers allocated inside `stmt` replaced by fresh ones (buffers are Vars in this TVM), for a
+    copy of a loop nest that sits beside the original: one definition per buffer."""
+    allocated: list[tvm.ir.expr.Var] = []
+
+    def _collect(block: s_tir.SBlock) -> None:
+        allocated.extend(block.alloc_buffers)
+
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, _collect), order="post")
+    if not allocated:
+        return stmt
+    fresh = {b: tirx.decl_buffer(b.shape, b.dtype, b.name, strides=b.strides, elem_offset=b.elem_offset,
+                                 scope=b.scope(), data_alignment=b.data_alignment, offset_factor=b.offset_factor)
+             for b in allocated}
+
+    def _swap(var: tvm.ir.expr.Var, mutator) -> tvm.ir.expr.Var:  # noqa: ANN001 - tvm_ffi mutator handle
+        for old, new in fresh.items():
+            if var.same_as(old):
+                return new
+        return var
+
+    return tvm_ffi.structural_mutate(stmt, (tvm.ir.expr.Var, _swap))
 
 
 def _with_function(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, func: tirx.PrimFunc) -> tvm.IRModule:
@@ -293,7 +326,8 @@ def _try_matmul(
             ok = False
         if ok:
             rule = "matmul+packed" if attempt_pack else "matmul"
-            return sch.mod["main"], rule, (pack if attempt_pack else None)
+            out = clamp_padded_rows(sch.mod["main"]) if info.m is None and opts.clamp_padded_rows else sch.mod["main"]
+            return out, rule, (pack if attempt_pack else None)
     return None
 
 
