@@ -105,7 +105,11 @@ def test_corrupt_entry_is_reported_removed_and_rebuilt(cache_dir: Path) -> None:
     build_cache.compile_cached(loaded, CompileOptions())
     (entry,) = [p for p in cache_dir.iterdir() if not p.name.startswith(".")]
     lib = entry / "lib.so"
-    lib.write_bytes(lib.read_bytes()[: lib.stat().st_size // 2])          # truncated
+    # Truncated, as a new file in its place: this process runs the build from that library, and rewriting a
+    # loaded library in place would pull the code from under it (as it would in any process)
+    cut = entry / "lib.so.cut"
+    cut.write_bytes(lib.read_bytes()[: lib.stat().st_size // 2])
+    cut.replace(lib)
     build_cache._warned.clear()
     with pytest.warns(UserWarning, match="corrupt or truncated"):
         again = build_cache.compile_cached(loaded, CompileOptions())
