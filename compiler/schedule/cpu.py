@@ -22,7 +22,8 @@ from ..hostcpu import HostCPU, host_from_target
 from . import approx
 from .cpu_conv import conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise
 from .cpu_depthwise import match_depthwise, schedule_depthwise
-from .cpu_elementwise import schedule_generic_reduction, schedule_injective, schedule_row_reduction
+from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
+                              schedule_vector_row_reduction)
 from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, schedule_matmul
 from .packing import pack_array
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
@@ -52,6 +53,8 @@ class CpuScheduleOptions:
     # Stride-2 depthwise convs read a de-interleaved padded plane (even columns, then odd): contiguous taps.
     depthwise_deinterleave: bool = True
     reduction: bool = True
+    # Row sums and maxima in vector registers (rfactor by the vector length; cpu_elementwise).
+    vector_reductions: bool = True
     injective: bool = True
     parallel: bool = True
     # Symbolic functions choose parallel or serial per call by their work (`_parallel_when_worth`).
@@ -271,6 +274,13 @@ def _schedule_one(
         res = _try_depthwise(func, host, threads, any_conv=True)
         if res is not None:
             return res
+    if opts.reduction and has_red and opts.vector_reductions:
+        try:
+            sch = schedule_vector_row_reduction(func, host, num_threads=threads)
+        except Exception:  # noqa: BLE001 - a form rfactor or compute_at refuses: dlight's rule below
+            sch = None
+        if sch is not None and not _recomputes(func, sch.mod["main"]):
+            return sch.mod["main"], "row-reduction+vector", None
     if opts.reduction and has_red:
         sch = schedule_row_reduction(func, target)
         if sch is not None and _recomputes(func, sch.mod["main"]):
