@@ -650,12 +650,17 @@ def load(
     label = str(path) if path else display
     name_nodes(model)
     axes = check_names(model, dynamic, label) if dynamic else {}
+    symbolic = {d.name for d in dynamic}
+    # a guess of a dim the build keeps symbolic (--dynamic) cannot be what went wrong: not a guess to report
+    only_symbolic = {i.name for i in model.graph.input if symbolic and
+                     {d.dim_param for d in i.type.tensor_type.shape.dim if not d.HasField("dim_value")} <= symbolic}
     guessed: dict[str, tuple[int, ...]] = {}
     pinned, dtypes = pin_shapes(model, shapes, default_dim=default_dim, label=label,
                                 memory_limit_bytes=memory_limit_bytes, shape_hints=shape_hints, guessed=guessed)
     if axes:
         keep_symbolic(model, axes)
     warnings = _weight_warnings(model, label)
+    guessed = {k: v for k, v in guessed.items() if k not in only_symbolic}
     return LoadedModel(name=display, model=model, input_shapes=pinned, input_dtypes=dtypes,
                        output_names=[o.name for o in model.graph.output], path=path, warnings=warnings,
                        guessed=guessed, dynamic=tuple(dynamic))

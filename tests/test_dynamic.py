@@ -186,3 +186,20 @@ def test_a_permuted_shape_stays_symbolic_where_only_shape_ops_read_it() -> None:
         y, z = compiled.run({"x": x})
         np.testing.assert_array_equal(y, x.transpose(0, 2, 1, 3).reshape(1, 4, -1))
         np.testing.assert_array_equal(z, np.array([2.0 * seq], dtype="float32"))
+
+
+def test_an_error_hint_does_not_blame_a_guess_of_a_symbolic_dim() -> None:
+    """"the dynamic input dims were guessed ... pass --shape" is advice for a pinned build; a dim kept
+    symbolic by --dynamic is not pinned at all, so the hint must not name it."""
+    from onnx import TensorProto, helper
+
+    from compiler.onnx_loader import load
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert "were guessed (x=1x16x8)" in load(model).shape_hint()
+    assert load(model, dynamic=parse_dynamic("batch,seq")).shape_hint() == ""
+    assert "were guessed" in load(model, dynamic=parse_dynamic("seq")).shape_hint()    # batch is still a guess
