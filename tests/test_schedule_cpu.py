@@ -71,6 +71,16 @@ def test_matmul_without_packing_and_odd_sizes(target: tvm.target.Target) -> None
     assert list(report.scheduled.values()) == ["matmul"] and not report.packed_weights
 
 
+@pytest.mark.parametrize("rows", [197, 7, 13])
+def test_a_prime_row_count_keeps_a_full_row_tile(target: tvm.target.Target, rows: int) -> None:
+    """197 tokens (ViT) has no divisor for the row tile: the rows are padded to whole tiles (the pad rows
+    reading the last real row again) instead of falling to 1-row tiles, and every real row is right."""
+    report, mod = _check(workloads.mlp_gelu(rows, 96, 256), target)
+    assert list(report.scheduled.values()) == ["matmul+packed"]
+    script = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)).script()
+    assert f"T.min(v_i0, T.int64({rows - 1}))" in script or f"T.min(v_i1, T.int64({rows - 1}))" in script, script
+
+
 def test_bert_layer_batched_matmul_softmax_layernorm(target: tvm.target.Target) -> None:
     report, _ = _check(workloads.bert_layer(seq=32, hidden=64, heads=2, ffn=128), target)
     assert not report.left_alone, report.summary()

@@ -24,7 +24,7 @@ from .cpu_conv import conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
-from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, schedule_matmul
+from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, rows_padded, schedule_matmul
 from .packing import pack_array
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
 
@@ -336,7 +336,8 @@ def _try_matmul(
             ok = False
         if ok:
             rule = "matmul+packed" if attempt_pack else "matmul"
-            out = clamp_padded_rows(sch.mod["main"]) if info.m is None and opts.clamp_padded_rows else sch.mod["main"]
+            padded = info.m is None or rows_padded(info, choose_tiles(info, host))
+            out = clamp_padded_rows(sch.mod["main"]) if padded and opts.clamp_padded_rows else sch.mod["main"]
             return out, rule, (pack if attempt_pack else None)
     return None
 
