@@ -178,6 +178,16 @@ def test_search_conv_tiles_shapes() -> None:
             assert mr * -(-nr // host.fp32_lanes) <= host.vector_registers * 5 // 8 or mr == 1
 
 
+def test_grouped_convs_take_the_per_plane_rule_only_for_1x1(target: tvm.target.Target) -> None:
+    """ShuffleNet's 1x1 group convs run per plane (the dense kernel ran them at 0.5 GFLOP/s); a grouped conv
+    with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane, 30x slower)."""
+    report, _ = _check(workloads.conv_bn_relu(c=96, hw=13, oc=128, k=3, group=2), target)
+    assert set(report.scheduled.values()) & {"conv2d+packed", "conv2d"}, report.summary()
+    assert "grouped-conv2d" not in report.scheduled.values()
+    report, _ = _check(workloads.conv_bn_relu(c=48, hw=14, oc=48, k=1, group=4), target)
+    assert "grouped-conv2d" in report.scheduled.values(), report.summary()
+
+
 def test_layernorm_and_softmax(target: tvm.target.Target) -> None:
     """Rows a multiple of the vector length keep their sums and maxima in vectors; any other row width
     falls back to dlight's rule (scalar reduction chains); both match ONNX Runtime."""
