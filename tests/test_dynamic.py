@@ -203,3 +203,12 @@ def test_an_error_hint_does_not_blame_a_guess_of_a_symbolic_dim() -> None:
     assert "were guessed (x=1x16x8)" in load(model).shape_hint()
     assert load(model, dynamic=parse_dynamic("batch,seq")).shape_hint() == ""
     assert "were guessed" in load(model, dynamic=parse_dynamic("seq")).shape_hint()    # batch is still a guess
+
+
+def test_a_conv_with_a_symbolic_image_size_builds_and_verifies() -> None:
+    """`--dynamic size` on a convnet: the dense conv rule vectorised its row epilogue over the symbolic width,
+    which LLVM refuses on a fixed-width ISA (the build failed); such loops now run serial."""
+    verdict = verify_dynamic(SuiteSpec("conv_bn_relu"), options=CompileOptions(dynamic=parse_dynamic("size")),
+                             draws=6)
+    assert verdict.fused.error is None and verdict.unfused.error is None, verdict.fused.error or verdict.unfused.error
+    assert verdict.failing is None and verdict.sizes_checked >= 3

@@ -138,6 +138,7 @@ def schedule_cpu_module_with_report(
                 updates[gv] = func
             continue
         new_func, rule, pack = result
+        new_func = _serial_symbolic_vectors(new_func)
         if fthreads > 1 and opts.parallel_when_worth:
             new_func = _parallel_when_worth(new_func, _work_expr(func))
         updates[gv] = new_func.with_attr(SCHEDULE_ATTR, rule).with_attr("tirx.is_scheduled", True)
@@ -484,6 +485,30 @@ def _repack_constants(
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+def _serial_symbolic_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A vectorised loop whose extent is symbolic runs serial: LLVM cannot vectorise it on a fixed-width ISA
+    ("Failed to vectorize loop with extent size"), and a conv with a symbolic image size (`--dynamic size`)
+    failed to build in the dense conv rule's row epilogue."""
+    found: list[bool] = []
+
+    def _visit(loop: tirx.For) -> None:
+        if loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm):
+            found.append(True)
+
+    tvm_ffi.structural_walk(func, (tirx.For, _visit), order="post")
+    if not found:
+        return func
+
+    def _loop(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
+        body = mutator.mutate(loop.body)
+        symbolic = loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm)
+        kind = tirx.ForKind.SERIAL if symbolic else loop.kind
+        return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body, loop.thread_binding, loop.annotations,
+                        loop.step, loop.span)
+
+    return tvm_ffi.structural_mutate(func, (tirx.For, _loop))
 
 
 def _serialise(func: tirx.PrimFunc) -> tirx.PrimFunc:
