@@ -163,11 +163,9 @@ def _int_scalar(x: object) -> "int | tvm.tirx.PrimExpr | None":
     """A Range bound as an int (constant) or a PrimExpr (a symbolic dim read off a Shape); else None."""
     if tvm.ir.is_prim_expr(x):
         return int(x.value) if isinstance(x, tvm.tirx.IntImm) else x
-    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
-    if data is not None and hasattr(data, "numpy"):
-        arr = data.numpy()
-        if arr.size == 1 and arr.dtype.kind in "iu":
-            return int(arr.reshape(()))
+    arr = _const_array(x)
+    if arr is not None and arr.size == 1 and arr.dtype.kind in "iu":
+        return int(arr.reshape(()))
     return None
 
 

@@ -509,51 +509,28 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
     from .core import SuiteSpec
     from .progress import Progress
     from .timing import timing_env
-    from .worker import Worker, WorkerFailure, WorkerTaskError
+    from .worker import Worker
 
     dynamic = {d.name for d in options.dynamic}
-    sizes: dict[str, list[int]] = {}
-    for item in args.dim:
-        dim, _, values = item.partition("=")
-        parts = values.split(",")
-        if dim not in dynamic or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            raise UsageError(f"--dim {item!r}: with --dynamic, give NAME=A,B,... for a dynamic dim "
-                             f"({', '.join(sorted(dynamic))}), sizes >= 1")
-        sizes[dim] = [int(p) for p in parts]
+    sizes = dict(_dim_sizes(item, dynamic, "--dim") for item in args.dim)
     if not sizes:
         raise UsageError("bench --dynamic needs the sizes to time, e.g. --dim seq=16,64,128,384")
-    buckets: dict[str, list[int]] = {}
-    for item in args.buckets:
-        dim, eq, values = item.rpartition("=")
-        if not eq and len(dynamic) == 1:
-            dim = next(iter(dynamic))
-        parts = values.split(",")
-        if dim not in dynamic or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            raise UsageError(f"--buckets {item!r}: give [NAME=]A,B,... for a dynamic dim ({', '.join(sorted(dynamic))};"
-                             f" NAME may be left out with one), sizes >= 1")
-        buckets[dim] = [int(p) for p in parts]
+    buckets = dict(_dim_sizes(item, dynamic, "--buckets", name_optional=True) for item in args.buckets)
     args.dim = []
     sources = _sources(args)
     console = Console(width=None if sys.stdout.isatty() else 160)
-    results, worst = [], EXIT_OK
+    results = []
+    args.worst = EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads)}
     with Progress(len(sources)) as progress, \
             Worker(sys_path=[str(Path.cwd())], env={**env, **progress.env}, forward_output=args.debug) as worker:
         for i, source in enumerate(sources):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             progress.start(i + 1, label)
-            try:
-                result = worker.call("verify.cliff:bench_cliff", what=f"timing {label} dynamic vs static",
-                                     timeout=args.timeout, source=source, options=options, sizes=sizes,
-                                     threads=threads, repeats=args.repeats, buckets=buckets,
-                                     shapes=shapes if not isinstance(source, SuiteSpec) else None)
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
+            result = _call_one(args, worker, "verify.cliff:bench_cliff", label, f"timing {label} dynamic vs static",
+                               source=source, options=options, sizes=sizes, threads=threads, repeats=args.repeats,
+                               buckets=buckets, shapes=shapes if not isinstance(source, SuiteSpec) else None)
+            if result is _FAILED:
                 continue
             results.append(result)
             progress.done(label, f"worst dynamic/static {result.worst:.2f}x")
@@ -562,7 +539,20 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
-    return worst
+    return args.worst
+
+
+def _dim_sizes(item: str, dynamic: set[str], flag: str, *, name_optional: bool = False) -> tuple[str, list[int]]:
+    """`NAME=A,B,...` for a --dynamic dim (NAME may be left out with one dynamic dim when `name_optional`)."""
+    dim, eq, values = item.rpartition("=")
+    if not eq and name_optional and len(dynamic) == 1:
+        dim = next(iter(dynamic))
+    parts = values.split(",")
+    if dim not in dynamic or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        name = "[NAME=]" if name_optional else "NAME="
+        raise UsageError(f"{flag} {item!r}: with --dynamic, give {name}A,B,... for a dynamic dim "
+                         f"({', '.join(sorted(dynamic))}), sizes >= 1")
+    return dim, [int(p) for p in parts]
 
 
 def _baseline(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ as it was (correct, just slow) and listed in the report.  Every optimisation has
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import tvm
@@ -197,18 +198,11 @@ def _parallel_when_worth(func: tirx.PrimFunc, work: tirx.PrimExpr | None) -> tir
                                         s_tir.transform.PlanAndUpdateBufferAllocationLocation()])(
         tvm.IRModule({"main": func}))["main"]
 
-    def _serial(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
-        body = mutator.mutate(loop.body)
-        kind = tirx.ForKind.SERIAL if loop.kind == tirx.ForKind.PARALLEL else loop.kind
-        return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body, loop.thread_binding, loop.annotations,
-                        loop.step, loop.span)
-
     def _branch(loop: tirx.For, mutator) -> tirx.Stmt:  # noqa: ANN001 - tvm_ffi mutator handle
         if loop.kind != tirx.ForKind.PARALLEL:
             return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, mutator.mutate(loop.body),
                             loop.thread_binding, loop.annotations, loop.step, loop.span)
-        serial = tvm_ffi.structural_mutate(loop, (tirx.For, _serial))
-        return tirx.IfThenElse(cond, loop, _own_buffers(serial))
+        return tirx.IfThenElse(cond, loop, _own_buffers(_serialise(loop)))
 
     out = tvm_ffi.structural_mutate(func, (tirx.For, _branch))
     # both branches hold the same loop and block vars: give each definition its own
@@ -491,35 +485,25 @@ def _serial_symbolic_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """A vectorised loop whose extent is symbolic runs serial: LLVM cannot vectorise it on a fixed-width ISA
     ("Failed to vectorize loop with extent size"), and a conv with a symbolic image size (`--dynamic size`)
     failed to build in the dense conv rule's row epilogue."""
-    found: list[bool] = []
+    return _loops_serial(func, lambda loop: loop.kind == tirx.ForKind.VECTORIZED
+                         and not isinstance(loop.extent, tirx.IntImm))
 
-    def _visit(loop: tirx.For) -> None:
-        if loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm):
-            found.append(True)
 
-    tvm_ffi.structural_walk(func, (tirx.For, _visit), order="post")
-    if not found:
-        return func
+def _serialise(node: tirx.PrimFunc | tirx.Stmt) -> tirx.PrimFunc | tirx.Stmt:
+    """Turn parallel loops serial (for functions too small to amortise a parallel region)."""
+    return _loops_serial(node, lambda loop: loop.kind == tirx.ForKind.PARALLEL)
+
+
+def _loops_serial(node: tirx.PrimFunc | tirx.Stmt, which: Callable[[tirx.For], bool]) -> tirx.PrimFunc | tirx.Stmt:
+    """`node` with the loops `which` picks made serial (the rest untouched)."""
 
     def _loop(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
         body = mutator.mutate(loop.body)
-        symbolic = loop.kind == tirx.ForKind.VECTORIZED and not isinstance(loop.extent, tirx.IntImm)
-        kind = tirx.ForKind.SERIAL if symbolic else loop.kind
+        kind = tirx.ForKind.SERIAL if which(loop) else loop.kind
         return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body, loop.thread_binding, loop.annotations,
                         loop.step, loop.span)
 
-    return tvm_ffi.structural_mutate(func, (tirx.For, _loop))
-
-
-def _serialise(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Turn parallel loops serial (for functions too small to amortise a parallel region)."""
-
-    def _loop(loop: tirx.For, mutator) -> tirx.For:  # noqa: ANN001 - tvm_ffi mutator handle
-        body = mutator.mutate(loop.body)
-        kind = tirx.ForKind.SERIAL if loop.kind == tirx.ForKind.PARALLEL else loop.kind
-        return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body, loop.thread_binding, loop.annotations, loop.step, loop.span)
-
-    return tvm_ffi.structural_mutate(func, (tirx.For, _loop))
+    return tvm_ffi.structural_mutate(node, (tirx.For, _loop))
 
 
 def _annotated_parallel(func: tirx.PrimFunc) -> bool:
