@@ -1,20 +1,24 @@
 """The real-export zoo (suites/zoo): torch.onnx.export output of torchvision and transformers models.
 
 Every model, both exporters where committed, verifies fused and unfused against ONNX Runtime; no fused
-build fails. The large ones (vit_b_16, efficientnet_b0) are slow-marked and run nightly.
+build fails. The large ones (vit_b_16, efficientnet_b0) run with `--models-full` (nightly).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from suites.models import zoo_models
+from suites.models import SuiteModel, full_run_only, zoo_models
 from verify.core import SuiteSpec
 from verify.pytest_plugin import skip_without_cuda_run
 
 
+def _marks(model: SuiteModel) -> list:
+    return ([pytest.mark.slow] if model.slow else []) + ([pytest.mark.models_full] if full_run_only(model.name) else [])
+
+
 def _params() -> list:
-    return [pytest.param(m, id=m.name, marks=[pytest.mark.slow] if m.slow else []) for m in zoo_models()]
+    return [pytest.param(m, id=m.name, marks=_marks(m)) for m in zoo_models()]
 
 
 def test_zoo_is_committed() -> None:

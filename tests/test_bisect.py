@@ -188,7 +188,8 @@ def test_wrong_fused_group_is_named(bert, tmp_path: Path, pattern: str, rewrite:
     assert Path(result.reproducer.model).is_file()
 
 
-@pytest.mark.slow  # ~25-35 s: two unscheduled ResNet-50 builds and runs
+@pytest.mark.slow  # ~25-35 s: two unscheduled ResNet-50 builds and runs; --models-full (nightly)
+@pytest.mark.models_full
 def test_resnet50_one_conv_group_with_dropped_bias(tmp_path: Path) -> None:
     model = get_model("resnet50").make({}, seed=0)
     shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}

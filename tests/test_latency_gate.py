@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,10 +38,22 @@ def test_no_baseline_is_reported_not_passed_or_failed(tmp_path: Path) -> None:
     assert strict.returncode == 1 and "no baseline" in strict.stdout
 
 
-def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
-    record = run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One recording (a pytest run of ~10 s) shared by the tests below, each on its own copy."""
+    folder = tmp_path_factory.mktemp("recorded")
+    record = run_pytest("--baseline-dir", str(folder), "--update-baselines")
     assert record.returncode == 0, record.stdout
-    path = only_file(tmp_path)
+    return only_file(folder)
+
+
+def copy_of(recorded: Path, tmp_path: Path) -> Path:
+    shutil.copy(recorded, tmp_path / recorded.name)
+    return tmp_path / recorded.name
+
+
+def test_record_then_a_real_slowdown_fails(recorded: Path, tmp_path: Path) -> None:
+    path = copy_of(recorded, tmp_path)
     doc = json.loads(path.read_text())
     (key,) = doc["entries"]
     assert key.startswith("conv_bn_relu|x=1x64x56x56|fused")
@@ -49,13 +64,13 @@ def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
     assert same.returncode == 0, same.stdout
 
     # The key names the model; the metadata knows its bytes: another model under the same key is said.
-    recorded = entry["metadata"]["model_sha256"]
-    assert len(recorded) == 64
+    sha = entry["metadata"]["model_sha256"]
+    assert len(sha) == 64
     entry["metadata"]["model_sha256"] = "0" * 64
     path.write_text(json.dumps(doc))
     changed = run_pytest("--baseline-dir", str(tmp_path))
     assert changed.returncode == 0 and "model changed since the baseline" in changed.stdout, changed.stdout
-    entry["metadata"]["model_sha256"] = recorded
+    entry["metadata"]["model_sha256"] = sha
 
     # Make the baseline twice as fast as what this build really does: the gate must call it a regression.
     for field in ("samples_ms",):
@@ -72,9 +87,8 @@ def test_record_then_a_real_slowdown_fails(tmp_path: Path) -> None:
     assert "latency regression: conv_bn_relu: slower" in slow.stdout
 
 
-def test_corrupt_baseline_fails_loudly_and_is_not_overwritten(tmp_path: Path) -> None:
-    run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
-    path = only_file(tmp_path)
+def test_corrupt_baseline_fails_loudly_and_is_not_overwritten(recorded: Path, tmp_path: Path) -> None:
+    path = copy_of(recorded, tmp_path)
     path.write_text('{"schema_version": 1, "arch": "' + path.stem + '", "entries": {"broken": 3}}')
     before = path.read_bytes()
     proc = run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
@@ -83,11 +97,9 @@ def test_corrupt_baseline_fails_loudly_and_is_not_overwritten(tmp_path: Path) ->
     assert path.read_bytes() == before
 
 
-def test_busy_host_makes_a_slowdown_inconclusive_not_a_failure(tmp_path: Path) -> None:
+def test_busy_host_makes_a_slowdown_inconclusive_not_a_failure(recorded: Path, tmp_path: Path) -> None:
     """Two busy-looping neighbours: the gate must not blame the model for the machine's load."""
-    record = run_pytest("--baseline-dir", str(tmp_path), "--update-baselines")
-    assert record.returncode == 0, record.stdout
-    path = only_file(tmp_path)
+    path = copy_of(recorded, tmp_path)
     doc = json.loads(path.read_text())
     (entry,) = doc["entries"].values()
     entry["samples_ms"] = [v / 2 for v in entry["samples_ms"]]

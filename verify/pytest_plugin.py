@@ -53,6 +53,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sass-full", action="store_true", default=False,
                     help="compile every suite and real model to SASS for sm_80 and sm_90 (default: the built-in "
                          "models on both and three real models on one each)")
+    group.addoption("--models-full", action="store_true", default=False,
+                    help="also verify and time the largest real models (DenseNet-121, Inception v2, AlexNet, "
+                         "ViT-B/16, EfficientNet-B0; default: a representative sample of each family)")
     group.addoption("--fuseguard-examples", type=int, default=None, metavar="N",
                     help="hypothesis examples per suite model (default: each suite's own setting)")
 
@@ -74,11 +77,13 @@ def pytest_configure(config: pytest.Config) -> None:
 OPT_IN = {
     "conformance_full": ("--conformance-full", "all 1884 ONNX node cases"),
     "sass_full": ("--sass-full", "every suite model compiled to SASS for sm_80 and sm_90"),
+    "models_full": ("--models-full", "the largest real models, verified and timed"),
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`, `--sass-full`)."""
+    """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`, `--sass-full`,
+    `--models-full`)."""
     off = {m for m, (option, _) in OPT_IN.items() if not config.getoption(option)}
     drop = [item for item in items if any(item.get_closest_marker(m) for m in off)]
     if drop:
