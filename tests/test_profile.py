@@ -43,6 +43,11 @@ def test_profile_of_a_suite_model() -> None:
     assert sum(g.parts_us for g in result.groups) <= result.unfused_total_us + 1e-6
     d = result.to_dict()
     assert {"fused_total_us", "unfused_total_us", "groups", "peak_gflops"} <= set(d)
+    # A kernel at or under the hook's overhead times as 0 us: no ratio, and the JSON stays JSON (it was NaN).
+    import dataclasses
+
+    zero = dataclasses.replace(result, groups=[dataclasses.replace(result.groups[0], fused_us=0.0)])
+    assert json.loads(json.dumps(zero.to_dict(), allow_nan=False))["groups"][0]["speedup"] is None
 
 
 def test_profile_cli_writes_json(tmp_path: Path) -> None:
@@ -53,3 +58,8 @@ def test_profile_cli_writes_json(tmp_path: Path) -> None:
     assert "fuseguard profile: conv_bn_relu" in proc.stdout
     (entry,) = json.loads(out.read_text()).values()
     assert entry["groups"] and entry["fused_total_us"] > 0
+    # fuseguard's own failure (here: the JSON path is a folder) is one line naming the command, exit 3.
+    bad = subprocess.run([sys.executable, "-m", "verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
+                          "--json", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 3, bad.stderr
+    assert "Traceback" not in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith("fuseguard: error: profile")

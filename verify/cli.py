@@ -16,6 +16,8 @@ from typing import Any
 from compiler.errors import FuseguardError, UsageError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+#: fuseguard itself failed (a bug, or the disk): said in one line naming the command, never a traceback.
+EXIT_INTERNAL = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -866,6 +868,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fuseguard: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, the traceback only with --debug
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        where = f" writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
+        print(f"fuseguard: error: {args.command}{where} failed: {type(err).__name__}: {err}"
+              + ("" if getattr(args, "debug", False) else " (--debug shows the traceback)"), file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

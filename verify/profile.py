@@ -13,6 +13,7 @@ The hook's own cost, measured on the VM's trivial builtin calls in the same run,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -95,7 +96,8 @@ class ProfileResult:
         d = asdict(self)
         d["fused_total_us"], d["unfused_total_us"] = self.fused_total_us, self.unfused_total_us
         for g, out in zip(self.groups, d["groups"]):
-            out["speedup"], out["gflops"] = g.speedup, g.gflops()
+            # A group with no unfused parts has no ratio: null, not NaN (which is not JSON).
+            out["speedup"], out["gflops"] = (g.speedup if math.isfinite(g.speedup) else None), g.gflops()
         return d
 
     def render(self, *, max_rows: int = 60) -> Any:
