@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--rows", type=int, default=40, help="kernels shown, slowest first (default 40)")
     pr.add_argument("--json", default=None, metavar="FILE", help="write the profiles as JSON")
 
+    rd = sub.add_parser("reduce", help="shrink a model whose build fails or crashes to the fewest ONNX nodes that "
+                                       "fail the same way, and write it (a reproducer to hand over)")
+    rd.add_argument("models", nargs=1, metavar="MODEL", help="an ONNX file or suite model name")
+    _add_build_options(rd)
+    rd.add_argument("--fused-only", action="store_true",
+                    help="build only the fused side of each candidate (default: fused, then unfused)")
+    rd.add_argument("--out", default="reduced", metavar="DIR",
+                    help="where reduced.onnx and reduce.json go (default ./reduced)")
+
     tu = sub.add_parser("tune", help="measure each pattern group fused vs its unfused parts and record the "
                                      "verdict in the architecture's decision database")
     tu.add_argument("models", nargs="+", metavar="MODEL", help="ONNX files or suite model names")
@@ -668,6 +677,28 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
             yield source, result
 
 
+def _reduce(args: argparse.Namespace) -> int:
+    from compiler.plugins import env_for, load_plugins
+
+    from .reduce import reduce_model
+    from .worker import Worker
+
+    load_plugins(args.plugin)
+    options = _options(args)
+    (source,) = _sources(args)
+    from compiler.onnx_loader import parse_shape_spec
+
+    shapes = dict(parse_shape_spec(s) for s in args.shape)
+    with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
+        result = reduce_model(source, worker, options=options, shapes=shapes or None, fused_only=args.fused_only,
+                              out_dir=args.out, timeout=args.timeout,
+                              progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(result.line())
+    if result.signature is None:
+        return EXIT_OK
+    return EXIT_OK if result.confirmed else EXIT_MISMATCH
+
+
 def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -852,6 +883,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
+               "reduce": _reduce,
                "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache, "compile": _compile,
                "device-bundle": _device_bundle,
                "bisect": run_bisect}[args.command]
