@@ -144,6 +144,35 @@ def test_conv_tile_search(target: tvm.target.Target, kwargs: dict) -> None:
     assert not report.left_alone
 
 
+def _parallel_extents(mod: tvm.IRModule) -> list[int]:
+    import tvm_ffi
+
+    loops: list = []
+    for func in mod.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            tvm_ffi.structural_walk(func, (tvm.tirx.For, loops.append), order="post")
+    return [int(f.extent) for f in loops if f.kind == tvm.tirx.ForKind.PARALLEL]
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(c=1024, hw=14, oc=64, k=1, stride=1),   # ResNet layer3's 1024 -> 256 reduction, fewer channels out
+    dict(c=256, hw=13, oc=40, k=3, stride=2),    # odd plane (7x7 out), a 3x3 stride-2 conv, oc not a multiple of 16
+])
+def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(target: tvm.target.Target, kwargs: dict) -> None:
+    """With the weights of one channel tile bigger than L1 and the output plane small, the whole plane is the
+    tile (one parallel task per channel tile, not per row), and it computes what ORT computes."""
+    model = workloads.conv_bn_relu(**kwargs)
+    on, on_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False))
+    off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_plane_tile=False))
+    assert any(r.startswith("conv2d") for r in on.scheduled.values()), on.summary()
+    oh = (kwargs["hw"] + 2 * (kwargs["k"] // 2) - kwargs["k"]) // kwargs["stride"] + 1
+    # The conv's parallel loop: one task per channel tile with the plane as the tile, one per (tile, row) without.
+    # (The other parallel loop is the BN epilogue or the zero-padding producer, the same in both.)
+    on_conv, off_conv = (sorted(set(_parallel_extents(m)) - set(_parallel_extents(o))) for m, o in
+                         ((on_mod, off_mod), (off_mod, on_mod)))
+    assert len(on_conv) == 1 and [on_conv[0] * oh] == off_conv, (on_conv, off_conv)
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(c=16, hw=32, oc=96, k=1),       # MobileNet-style expansion: few input channels, wide rows
     dict(c=24, hw=64, oc=36, k=1),       # oc 36: a 12- or 9-channel tile

@@ -49,6 +49,8 @@ class CpuScheduleOptions:
     # Input channels split into L1-sized weight blocks, every column tile of a row reusing one block
     # before the next (cpu_conv.reduction_block).
     conv_rc_block: bool = True
+    # A small output plane is the tile each of those weight blocks is reused over (cpu_conv._plane_fits).
+    conv_plane_tile: bool = True
     # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
     conv_pointwise: bool = True
     # Stride-2 depthwise convs read a de-interleaved padded plane (even columns, then odd): contiguous taps.
@@ -386,7 +388,7 @@ def _try_conv(
         try:
             ok = schedule_conv2d(
                 sch, info, host, num_threads=threads, pack_w=attempt_pack, tile_search=opts.conv_tile_search,
-                rc_block=opts.conv_rc_block,
+                rc_block=opts.conv_rc_block, plane_tile=opts.conv_plane_tile,
             )
         except Exception:  # noqa: BLE001 - rule declined mid-way; the next rule gets a fresh copy
             ok = False

@@ -183,6 +183,22 @@ def reduction_block(info: ConvInfo, host: HostCPU, nr: int) -> int | None:
     return block if block and block >= 4 else None
 
 
+#: Share of L1D one output plane's accumulators (oh x ow x nr floats) may take for the whole plane to be
+#: the tile a weight block is reused over (see :func:`_plane_fits`).
+PLANE_TILE_L1_SHARE = 0.5
+
+
+def _plane_fits(sch: s_tir.Schedule, y_loop, info: ConvInfo, nr: int, host: HostCPU) -> bool:  # noqa: ANN001
+    """A small output plane (ResNet's 14x14 and 7x7 stages) whose ``nr``-channel accumulators fit in half of L1
+    becomes the tile each reduction block of weights is reused over: every row of the plane reads one L1-resident
+    block before the next block is loaded. With the row as the tile (the default order), each of the plane's rows
+    re-read every weight block from L2, and a 7-wide row has a single column tile to reuse it over."""
+    oh = int_or_none(sch.get(y_loop).extent)
+    if oh is None or info.ow is None or not host.l1d_bytes:
+        return False
+    return oh * info.ow * nr * 4 <= host.l1d_bytes * PLANE_TILE_L1_SHARE
+
+
 def schedule_conv2d(
     sch: s_tir.Schedule,
     info: ConvInfo,
@@ -193,6 +209,7 @@ def schedule_conv2d(
     keep_producers: bool = True,
     tile_search: bool = False,
     rc_block: bool = False,
+    plane_tile: bool = False,
 ) -> bool:
     mr, nr = conv_tiles(info, host, search=tile_search)
     if nr < 4:
@@ -217,10 +234,15 @@ def schedule_conv2d(
     fo, fi = sch.split(f, [None, nr])
     xo, xi = sch.split(x, [None, mr])
     rcb = reduction_block(info, host, nr) if rc_block else None
+    plane = plane_tile and rcb is not None and _plane_fits(sch, y, info, nr, host)
     if rcb is not None:
         rco, rci = sch.split(rc, [None, rcb])
-        sch.reorder(n, fo, y, rco, xo, rci, ry, rx, xi, fi)
-        sch.reverse_compute_at(epilogue, y, preserve_unit_loops=True)
+        if plane:
+            sch.reorder(n, fo, rco, y, xo, rci, ry, rx, xi, fi)
+            sch.reverse_compute_at(epilogue, fo, preserve_unit_loops=True)
+        else:
+            sch.reorder(n, fo, y, rco, xo, rci, ry, rx, xi, fi)
+            sch.reverse_compute_at(epilogue, y, preserve_unit_loops=True)
     else:
         sch.reorder(n, fo, y, xo, rc, ry, rx, xi, fi)
         sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
@@ -229,7 +251,7 @@ def schedule_conv2d(
     if pack_w:
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, nr)
     if num_threads > 1:
-        sch.parallel(sch.fuse(n, fo, y))
+        sch.parallel(sch.fuse(n, fo) if plane else sch.fuse(n, fo, y))
     sch.unroll(xi)
     sch.vectorize(fi)
     eloops = sch.get_loops(epilogue)
