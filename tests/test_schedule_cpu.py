@@ -162,8 +162,9 @@ def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(target: tvm.tar
     """With the weights of one channel tile bigger than L1 and the output plane small, the whole plane is the
     tile (one parallel task per channel tile, not per row), and it computes what ORT computes."""
     model = workloads.conv_bn_relu(**kwargs)
-    on, on_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False))
-    off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_plane_tile=False))
+    on, on_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_channel_block=False))
+    off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_plane_tile=False,
+                                                                    conv_channel_block=False))
     assert any(r.startswith("conv2d") for r in on.scheduled.values()), on.summary()
     oh = (kwargs["hw"] + 2 * (kwargs["k"] // 2) - kwargs["k"]) // kwargs["stride"] + 1
     # The conv's parallel loop: one task per channel tile with the plane as the tile, one per (tile, row) without.
@@ -171,6 +172,26 @@ def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(target: tvm.tar
     on_conv, off_conv = (sorted(set(_parallel_extents(m)) - set(_parallel_extents(o))) for m, o in
                          ((on_mod, off_mod), (off_mod, on_mod)))
     assert len(on_conv) == 1 and [on_conv[0] * oh] == off_conv, (on_conv, off_conv)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(c=64, hw=56, oc=256, k=1, stride=1),   # ResNet's 64 -> 256 expansion: the pointwise kernel, 800 KB in
+    dict(c=256, hw=56, oc=128, k=1, stride=2),  # a stride-2 projection: the channel-vector kernel, 3.2 MB in
+    dict(c=20, hw=60, oc=40, k=3, stride=1),    # channels not a multiple of the vector, odd tiles
+])
+def test_an_input_bigger_than_l2_is_shared_by_a_block_of_channel_tiles(target: tvm.target.Target,
+                                                                       kwargs: dict) -> None:
+    """With the input image bigger than half of L2, output-channel tiles go inside the row loop in L2-sized
+    blocks (fewer parallel tasks than one per tile and row), and the result is what ORT computes."""
+    from compiler.hostcpu import detect_host
+
+    if not detect_host().l2_bytes:
+        pytest.skip("this host does not report its L2 size: channel blocks are not used")
+    model = workloads.conv_bn_relu(**kwargs)
+    on, on_mod = _check(model, target)
+    off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_channel_block=False))
+    assert on.scheduled == off.scheduled   # the same rules, in another loop order
+    assert sorted(_parallel_extents(on_mod)) != sorted(_parallel_extents(off_mod))
 
 
 @pytest.mark.parametrize("kwargs", [

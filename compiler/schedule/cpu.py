@@ -51,6 +51,9 @@ class CpuScheduleOptions:
     conv_rc_block: bool = True
     # A small output plane is the tile each of those weight blocks is reused over (cpu_conv._plane_fits).
     conv_plane_tile: bool = True
+    # An input image bigger than half of L2 is read once per L2-sized block of output-channel tiles, not once
+    # per tile (cpu_conv.channel_block).
+    conv_channel_block: bool = True
     # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
     conv_pointwise: bool = True
     # Stride-2 depthwise convs read a de-interleaved padded plane (even columns, then odd): contiguous taps.
@@ -372,7 +375,8 @@ def _try_conv(
             sch = s_tir.Schedule(func)
             info = next(i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None)
             try:
-                ok = schedule_pointwise(sch, info, host, num_threads=threads, pack_w=attempt_pack)
+                ok = schedule_pointwise(sch, info, host, num_threads=threads, pack_w=attempt_pack,
+                                        channel_blocks=opts.conv_channel_block)
             except Exception:  # noqa: BLE001 - the channel-vector rule below gets a fresh copy
                 ok = False
             if ok:
@@ -389,6 +393,7 @@ def _try_conv(
             ok = schedule_conv2d(
                 sch, info, host, num_threads=threads, pack_w=attempt_pack, tile_search=opts.conv_tile_search,
                 rc_block=opts.conv_rc_block, plane_tile=opts.conv_plane_tile,
+                channel_blocks=opts.conv_channel_block,
             )
         except Exception:  # noqa: BLE001 - rule declined mid-way; the next rule gets a fresh copy
             ok = False

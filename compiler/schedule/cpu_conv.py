@@ -37,6 +37,7 @@ class ConvInfo:
     ic: int | None = None           # reduction extent over input channels (per group)
     kernel_area: int | None = None  # kh * kw
     pointwise: bool = False         # 1x1, stride 1, unpadded: O[n, f, y, x] += I[n, rc, y, x] * W[f, rc, 0, 0]
+    in_bytes: int | None = None     # the input the conv reads (padded copy included), one image
 
 
 def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
@@ -84,6 +85,7 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
                 ic=int_or_none(ivs[4].dom.extent),
                 kernel_area=_area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)),
                 pointwise=pointwise and _area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)) == 1,
+                in_bytes=_image_bytes(d.source),
             )
     return None
 
@@ -100,6 +102,38 @@ def _unit_stride_pos(expr: object, var_pos: dict, unit: set) -> int | None:
     if isinstance(expr, tirx.Mul) and isinstance(expr.b, tirx.IntImm) and expr.b.value == 1:
         return _unit_stride_pos(expr.a, var_pos, unit)
     return None
+
+
+def _image_bytes(buffer) -> int | None:  # noqa: ANN001 - a tirx.Buffer
+    dims = [int_or_none(d) for d in buffer.shape[1:]]
+    if any(d is None for d in dims):
+        return None
+    size = 4
+    for d in dims:
+        size *= d
+    return size
+
+
+#: Share of L2 the weights of one block of output-channel tiles may take (see :func:`channel_block`).
+CHANNEL_BLOCK_L2_SHARE = 0.5
+
+
+def channel_block(info: ConvInfo, host: HostCPU, nr: int) -> int | None:
+    """Output-channel tiles per block when the input image does not stay in L2 while every tile reads it,
+    so a block of tiles (their weights within half of L2) shares each input row; None to keep the order
+    channel tile outermost.
+
+    Why: with the channel tile outermost, each 8-channel tile streams the whole input from L3: the stride-2
+    512 -> 1024 1x1 on 28x28 (800 KB of input read 128 times) ran at 46 GFLOP/s, 1.55x ONNX Runtime (Zen3)."""
+    if info.in_bytes is None or info.ic is None or info.kernel_area is None or info.oc is None or not host.l2_bytes:
+        return None
+    if info.in_bytes <= host.l2_bytes * CHANNEL_BLOCK_L2_SHARE:
+        return None
+    tiles = info.oc // nr
+    panel = nr * info.ic * info.kernel_area * 4
+    most = max(1, int(host.l2_bytes * CHANNEL_BLOCK_L2_SHARE // panel))
+    block = max(k for k in range(1, min(most, tiles) + 1) if tiles % k == 0)
+    return block if block > 1 else None
 
 
 def _area(kh: int | None, kw: int | None) -> int | None:
@@ -210,6 +244,7 @@ def schedule_conv2d(
     tile_search: bool = False,
     rc_block: bool = False,
     plane_tile: bool = False,
+    channel_blocks: bool = False,
 ) -> bool:
     mr, nr = conv_tiles(info, host, search=tile_search)
     if nr < 4:
@@ -235,23 +270,29 @@ def schedule_conv2d(
     xo, xi = sch.split(x, [None, mr])
     rcb = reduction_block(info, host, nr) if rc_block else None
     plane = plane_tile and rcb is not None and _plane_fits(sch, y, info, nr, host)
+    cb = channel_block(info, host, nr) if channel_blocks and not plane else None
+    if cb is not None:
+        fob, fo = sch.split(fo, [None, cb])
+        outer: tuple = (n, fob, y, fo)   # a block of channel tiles shares each input row
+    else:
+        outer = (n, fo, y)
     if rcb is not None:
         rco, rci = sch.split(rc, [None, rcb])
         if plane:
             sch.reorder(n, fo, rco, y, xo, rci, ry, rx, xi, fi)
             sch.reverse_compute_at(epilogue, fo, preserve_unit_loops=True)
         else:
-            sch.reorder(n, fo, y, rco, xo, rci, ry, rx, xi, fi)
-            sch.reverse_compute_at(epilogue, y, preserve_unit_loops=True)
+            sch.reorder(*outer, rco, xo, rci, ry, rx, xi, fi)
+            sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
     else:
-        sch.reorder(n, fo, y, xo, rc, ry, rx, xi, fi)
+        sch.reorder(*outer, xo, rc, ry, rx, xi, fi)
         sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
     # Accumulator tile with channels innermost: [.., x, f % nr] keeps vector lanes contiguous.
     sch.transform_layout(conv, ("write", 0), lambda a, b, c, d: (a, b // nr, c, d, b % nr))
     if pack_w:
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, nr)
     if num_threads > 1:
-        sch.parallel(sch.fuse(n, fo) if plane else sch.fuse(n, fo, y))
+        sch.parallel(sch.fuse(n, fo) if plane else sch.fuse(*outer[:3]))
     sch.unroll(xi)
     sch.vectorize(fi)
     eloops = sch.get_loops(epilogue)
@@ -297,7 +338,7 @@ def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
 
 
 def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, num_threads: int,
-                       pack_w: bool = False) -> bool:
+                       pack_w: bool = False, channel_blocks: bool = False) -> bool:
     """A 1x1 conv as the GEMM ``O[f, p] = W[f, c] X[c, p]`` on NCHW: the output row is the vector axis.
 
     Why: the channel-vector tile of :func:`schedule_conv2d` leaves its accumulators channel-innermost,
@@ -321,12 +362,19 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
     fo, fi = sch.split(f, [None, mr])
     xo, xi = sch.split(x, [None, nr])
-    sch.reorder(n, fo, y, xo, rc, ry, rx, fi, xi)
-    sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
+    cb = channel_block(info, host, mr) if channel_blocks else None
+    if cb is not None:
+        fob, fo = sch.split(fo, [None, cb])
+        sch.reorder(n, fob, y, xo, fo, rc, ry, rx, fi, xi)
+        parallel = (n, fob, y, xo)
+    else:
+        sch.reorder(n, fo, y, xo, rc, ry, rx, fi, xi)
+        parallel = (n, fo, y, xo)
+    sch.reverse_compute_at(epilogue, parallel[-1] if cb is None else fo, preserve_unit_loops=True)
     if pack_w:
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
     if num_threads > 1:
-        sch.parallel(sch.fuse(n, fo, y, xo))
+        sch.parallel(sch.fuse(*parallel))
     sch.unroll(fi)
     sch.vectorize(xi)
     eloops = sch.get_loops(epilogue)
