@@ -232,14 +232,23 @@ def test_search_conv_tiles_shapes() -> None:
                 (vectors == 1 and mr <= host.vector_registers - 3)
 
 
-def test_grouped_convs_take_the_per_plane_rule_only_for_1x1(target: tvm.target.Target) -> None:
-    """ShuffleNet's 1x1 group convs run per plane (the dense kernel ran them at 0.5 GFLOP/s); a grouped conv
-    with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane, 30x slower)."""
+def test_grouped_convs_take_the_per_plane_rule_only_when_no_dense_tile_fits_a_group(
+        target: tvm.target.Target) -> None:
+    """A grouped conv with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane,
+    30x slower). A 1x1 group conv goes there too when a channel tile fits inside one group (ShuffleNet's
+    3-group 1x1s, 4-5x faster than per plane); one whose group no tile divides (12 channels against a 16-wide
+    tile: the dense kernel's lanes would read two groups, a gather, 0.5 GFLOP/s) runs per plane."""
     report, _ = _check(workloads.conv_bn_relu(c=96, hw=13, oc=128, k=3, group=2), target)
     assert set(report.scheduled.values()) & {"conv2d+packed", "conv2d"}, report.summary()
     assert "grouped-conv2d" not in report.scheduled.values()
     report, _ = _check(workloads.conv_bn_relu(c=48, hw=14, oc=48, k=1, group=4), target)
     assert "grouped-conv2d" in report.scheduled.values(), report.summary()
+    for kwargs in (dict(c=120, hw=14, oc=96, k=1, group=3), dict(c=96, hw=16, oc=192, k=1, group=3)):
+        report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
+        assert "grouped-conv2d" not in report.scheduled.values(), (kwargs, report.summary())
+        assert set(report.scheduled.values()) & {"conv2d+packed", "conv2d", "conv2d-1x1+packed", "conv2d-1x1"}
+        off, _ = _check(workloads.conv_bn_relu(**kwargs), target, options=CpuScheduleOptions(grouped_pointwise=False))
+        assert "grouped-conv2d" in off.scheduled.values(), (kwargs, off.summary())
 
 
 def test_layernorm_and_softmax(target: tvm.target.Target) -> None:

@@ -56,6 +56,8 @@ class CpuScheduleOptions:
     conv_channel_block: bool = True
     # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
     conv_pointwise: bool = True
+    # Grouped 1x1 convs on that kernel too, a tile within one group, instead of the per-plane rule (ShuffleNet).
+    grouped_pointwise: bool = True
     # Stride-2 depthwise convs read a de-interleaved padded plane (even columns, then odd): contiguous taps.
     depthwise_deinterleave: bool = True
     reduction: bool = True
@@ -265,9 +267,10 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
-        res = _try_depthwise(func, host, threads, deinterleave=opts.depthwise_deinterleave)
-        if res is not None:
-            return res
+        if not (opts.grouped_pointwise and _grouped_pointwise(func, host, opts)):
+            res = _try_depthwise(func, host, threads, deinterleave=opts.depthwise_deinterleave)
+            if res is not None:
+                return res
         res = _try_conv(func, host, opts, threads, sites)
         if res is not None:
             return res
@@ -356,6 +359,23 @@ def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int, any_conv: b
     return (sch.mod["main"], rule, None) if ok else None
 
 
+def _grouped_pointwise(func: tirx.PrimFunc, host: HostCPU, opts: CpuScheduleOptions) -> bool:
+    """A grouped 1x1 conv the dense kernels can tile within a group (ShuffleNet's 3-group 1x1s): the pointwise
+    GEMM kernel (channels unrolled, a tile inside one group) or the channel-vector one (a channel tile inside
+    one group, so every lane reads the same input channel)."""
+    if not opts.conv_pointwise:
+        return False
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1 or infos[0].group_out is None or infos[0].kernel_area != 1:
+        return False
+    info = infos[0]
+    if info.pointwise and pointwise_tiles(info, host) is not None:
+        return True
+    _, nr = conv_tiles(info, host, search=opts.conv_tile_search)
+    return nr >= 4 and info.group_out % nr == 0
+
+
 def _try_conv(
     func: tirx.PrimFunc,
     host: HostCPU,
@@ -383,8 +403,12 @@ def _try_conv(
                 return sch.mod["main"], "conv2d-1x1+packed" if attempt_pack else "conv2d-1x1", \
                     (pw_pack if attempt_pack else None)
     pack = None
+    _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)
+    if infos[0].group_out is not None and infos[0].group_out % nr:
+        # A channel tile across two groups reads two input channels per lane: a gather per step (ShuffleNet's
+        # 1x1s ran at 0.5 GFLOP/s so); the per-plane rule takes such convs.
+        return None
     if opts.pack_weights:
-        _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)
         pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, nr, infos[0].oc, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)

@@ -38,6 +38,7 @@ class ConvInfo:
     kernel_area: int | None = None  # kh * kw
     pointwise: bool = False         # 1x1, stride 1, unpadded: O[n, f, y, x] += I[n, rc, y, x] * W[f, rc, 0, 0]
     in_bytes: int | None = None     # the input the conv reads (padded copy included), one image
+    group_out: int | None = None    # output channels per group of a grouped conv (input channel f // it * ic + rc)
 
 
 def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
@@ -69,7 +70,8 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
         pos = [var_pos.get(v) for v in w_vars]
         unit = {iv.var for iv in ivs if int_or_none(iv.dom.extent) == 1}
         d_pos = [_unit_stride_pos(e, var_pos, unit) for e in d.indices]
-        pointwise = d_pos == [0, 4, 2, 3]
+        group = _grouped_channel(d.indices[1], ivs[1].var, ivs[4].var) if len(d.indices) == 4 else None
+        pointwise = d_pos == [0, 4, 2, 3] or (group is not None and [d_pos[0], *d_pos[2:]] == [0, 2, 3])
         if pos == [1, 4, 5, 6]:
             return ConvInfo(
                 block=block_rv,
@@ -86,6 +88,7 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
                 kernel_area=_area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)),
                 pointwise=pointwise and _area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)) == 1,
                 in_bytes=_image_bytes(d.source),
+                group_out=group,
             )
     return None
 
@@ -101,6 +104,19 @@ def _unit_stride_pos(expr: object, var_pos: dict, unit: set) -> int | None:
                 return _unit_stride_pos(a, var_pos, unit)
     if isinstance(expr, tirx.Mul) and isinstance(expr.b, tirx.IntImm) and expr.b.value == 1:
         return _unit_stride_pos(expr.a, var_pos, unit)
+    return None
+
+
+def _grouped_channel(expr: object, f_var: tirx.Var, rc_var: tirx.Var) -> int | None:
+    """Output channels per group when the input channel index is TOPI's grouped form ``f // Fg * Cg + rc``."""
+    if not isinstance(expr, tirx.Add):
+        return None
+    for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
+        if isinstance(b, tirx.Var) and b.same_as(rc_var) and isinstance(a, tirx.Mul) and \
+                isinstance(a.b, tirx.IntImm) and isinstance(a.a, tirx.FloorDiv):
+            fd = a.a
+            if isinstance(fd.a, tirx.Var) and fd.a.same_as(f_var) and isinstance(fd.b, tirx.IntImm):
+                return int(fd.b.value)
     return None
 
 
@@ -333,7 +349,8 @@ def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
         return None
     vectors = -(-nr // lanes)
     budget = max(1, int(host.vector_registers * POINTWISE_ACC_SHARE) // vectors)
-    mr = next((m for m in range(min(budget, oc), 1, -1) if oc % m == 0), None)
+    per_group = info.group_out or oc    # a grouped conv's tile stays inside one group: one input row per step
+    mr = next((m for m in range(min(budget, per_group), 1, -1) if per_group % m == 0), None)
     return (mr, nr) if mr else None
 
 
