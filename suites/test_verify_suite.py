@@ -11,22 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from suites.models import SuiteModel, full_run_only, suite_models
+from suites.models import SuiteModel, suite_models
 from suites.strategies import dims_for
 from verify.core import SuiteSpec
-from verify.pytest_plugin import skip_without_cuda_run
+from verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 #: Examples per model beyond the default shape: unscheduled TVM code is slow, so the heavy models
 #: verify their default shape only, and the small ones a few drawn shapes each.
 EXAMPLES = {"mlp_gelu": 2, "conv_bn_relu": 3, "softmax_layernorm": 3, "bert_encoder": 1, "attention": 2}
 
 
-def _marks(model: SuiteModel) -> list:
-    return ([pytest.mark.slow] if model.slow else []) + ([pytest.mark.models_full] if full_run_only(model.name) else [])
-
-
 def _params() -> list:
-    return [pytest.param(m, id=m.name, marks=_marks(m)) for m in suite_models()]
+    return [pytest.param(m, id=m.name, marks=model_marks(m)) for m in suite_models()]
 
 
 def _check(verdict) -> None:

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from suites.models import SuiteModel, full_run_only, zoo_models
+from suites.models import zoo_models
 from verify.core import SuiteSpec
-from verify.pytest_plugin import skip_without_cuda_run
-
-
-def _marks(model: SuiteModel) -> list:
-    return ([pytest.mark.slow] if model.slow else []) + ([pytest.mark.models_full] if full_run_only(model.name) else [])
+from verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 
 def _params() -> list:
-    return [pytest.param(m, id=m.name, marks=_marks(m)) for m in zoo_models()]
+    return [pytest.param(m, id=m.name, marks=model_marks(m)) for m in zoo_models()]
 
 
 def test_zoo_is_committed() -> None:

@@ -81,6 +81,14 @@ OPT_IN = {
 }
 
 
+def model_marks(model: Any) -> list:
+    """A suite model's pytest marks: `slow` for a large real model, `models_full` for one the default run leaves
+    to `--models-full` (suites/models.py: FULL_RUN_ONLY)."""
+    from suites.models import full_run_only
+
+    return ([pytest.mark.slow] if model.slow else []) + ([pytest.mark.models_full] if full_run_only(model.name) else [])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Opt-in suites are deselected, not skipped, unless asked for (`--conformance-full`, `--sass-full`,
     `--models-full`)."""

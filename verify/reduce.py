@@ -216,17 +216,23 @@ def reduce_model(source: Any, worker: Any, *, options: Any, shapes: Mapping[str,
     """Find the original failure, shrink the model keeping it, write `out_dir/reduced.onnx` and confirm it."""
     from compiler.onnx_loader import load
 
-    from .atomic import atomic_write_json
-    from .worker import WorkerFailure, WorkerTaskError
-
     from .core import SuiteSpec
 
     if isinstance(source, SuiteSpec):
         loaded = load(source.build(), None, name=source.label)
     else:
         loaded = load(source, shapes)
+    with tempfile.TemporaryDirectory(prefix="fuseguard-reduce-") as tmp:
+        return _reduce(loaded, Path(tmp), worker, options=options, fused_only=fused_only,
+                       out_dir=Path(out_dir), timeout=timeout, progress=progress)
+
+
+def _reduce(loaded: Any, work: Path, worker: Any, *, options: Any, fused_only: bool, out_dir: Path,
+            timeout: float, progress: Callable[[str], None]) -> ReduceResult:
+    from .atomic import atomic_write_json
+    from .worker import WorkerFailure, WorkerTaskError
+
     label = loaded.name
-    work = Path(tempfile.mkdtemp(prefix="fuseguard-reduce-"))
     pinned = loaded.model   # input shapes pinned by the loader
 
     def run(path: Path) -> Signature | None:
@@ -235,9 +241,9 @@ def reduce_model(source: Any, worker: Any, *, options: Any, shapes: Mapping[str,
                               path=str(path), shapes=None, options=options, fused_only=fused_only)
         except WorkerFailure as err:
             text = str(err)
-            kind = "timeout" if "timed out" in text else re.search(r"SIG[A-Z]+", text)
-            return signature_of("crash", kind if isinstance(kind, str) else (kind.group(0) if kind else "crash"),
-                                "", "fused", label)
+            signal = re.search(r"SIG[A-Z]+", text)
+            how = "timeout" if "timed out" in text else signal.group(0) if signal else "crash"
+            return signature_of("crash", how, "", "fused", label)
         except WorkerTaskError as err:
             return signature_of("error", err.type_name, err.message, "fused", label)
         if got is None:
@@ -265,14 +271,13 @@ def reduce_model(source: Any, worker: Any, *, options: Any, shapes: Mapping[str,
     reduced = graph.cut(keep)
     if reduced is None:   # cannot happen for a set that was checked, but never write a model we did not build
         return result
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "reduced.onnx"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "reduced.onnx"
     onnx.save(reduced, str(path))
     result.kept = [graph.nodes[i].name for i in keep]
     result.ops = [graph.nodes[i].op_type for i in keep]
     result.path = str(path)
     result.confirmed = run(path) == target
     result.checks += 1
-    atomic_write_json(out / "reduce.json", result.to_dict())
+    atomic_write_json(out_dir / "reduce.json", result.to_dict())
     return result

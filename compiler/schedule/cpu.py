@@ -22,7 +22,8 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
-from .cpu_conv import conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise
+from .cpu_conv import (conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise,
+                       tile_in_group)
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
@@ -376,7 +377,7 @@ def _grouped_dense(sch: s_tir.Schedule, block: SBlockRV, host: HostCPU, opts: Cp
     if opts.conv_pointwise and info.pointwise and pointwise_tiles(info, host) is not None:
         return True
     _, nr = conv_tiles(info, host, search=opts.conv_tile_search)
-    return nr >= 4 and info.group_out % nr == 0
+    return nr >= 4 and tile_in_group(info, nr)
 
 
 def _try_conv(
@@ -407,10 +408,8 @@ def _try_conv(
                     (pw_pack if attempt_pack else None)
     pack = None
     _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)
-    if infos[0].group_out is not None and infos[0].group_out % nr:
-        # A channel tile across two groups reads two input channels per lane: a gather per step (ShuffleNet's
-        # 1x1s ran at 0.5 GFLOP/s so); the per-plane rule takes such convs.
-        return None
+    if not tile_in_group(infos[0], nr):
+        return None     # the per-plane rule takes it
     if opts.pack_weights:
         pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, nr, infos[0].oc, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
