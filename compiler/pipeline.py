@@ -8,6 +8,8 @@
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
     4  CanonicalizeBindings, DeadCodeElimination, FoldConstant                                 [dce]
+    4b to_precision, CSE, FoldConstant   fp16/bf16: GEMM/conv operands in the reduced type, fp32
+                                    accumulation, epilogues and statistics (compiler/precision.py)  [precision]
        user passes "before_fusion"
     5  pattern fusion                                                                          [fusion]
        5a rule.prepare             rewrites a rule needs first (decomposed LayerNorm -> one op)
@@ -52,6 +54,7 @@ from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
+from .precision import check as precision_check, dtype_census, to_precision
 from .passes import ExpandSmallPowers, FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
@@ -100,6 +103,11 @@ class CompileOptions:
     sass: str = "auto"
     #: dims kept symbolic (compiler/dynamic.py): one build serves every size of them
     dynamic: tuple[DynamicDim, ...] = ()
+    #: "fp32", or "fp16"/"bf16": GEMM and conv operands in that type, accumulated in fp32 (compiler/precision.py)
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        precision_check(self.precision)
 
     def unfused(self) -> "CompileOptions":
         return replace(self, fusion=False)
@@ -420,6 +428,12 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)
     if options.dce:
         mod = stage("dce", [T.CanonicalizeBindings(), T.DeadCodeElimination(["main"]), T.FoldConstant()], mod)
+    if options.precision != "fp32":
+        low = tvm.transform.module_pass(lambda m, _ctx: to_precision(m, options.precision), opt_level=0,
+                                        name="ToPrecision")
+        mod = stage("precision", [low, T.EliminateCommonSubexpr(), T.FoldConstant()], mod)
+    rep.precision = options.precision
+    rep.dtypes = dtype_census(mod) if options.precision != "fp32" else {}
     mod = _run_user_passes("before_fusion", mod, options)
 
     decisions: list[cost.Decision] = []

@@ -59,6 +59,21 @@ class FusionReport:
     planned_bytes: int = 0
     #: dims kept symbolic (`--dynamic`, as NAME or NAME<=BOUND): planned_bytes is then for the bounds
     dynamic: list[str] = field(default_factory=list)
+    #: --precision of the build, and for reduced ones {op: {output dtype: calls}} after conversion
+    precision: str = "fp32"
+    dtypes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def precision_line(self) -> str:
+        """Which ops run in which type: "bf16: matmul x8 bf16 operands, fp32 accumulate; ..." (or "")."""
+        if self.precision == "fp32":
+            return ""
+        casts = sum(self.dtypes.get("astype", {}).values())
+        fp32 = sorted(op for op, by in self.dtypes.items() if op != "astype" and "float32" in by)
+        low = sorted(op for op, by in self.dtypes.items() if op != "astype" and any(t != "float32" for t in by))
+        gemms = ", ".join(o for o in fp32 if "matmul" in o or "conv" in o) or "no GEMM"
+        return (f"{self.precision}: operands of {gemms} in {self.precision}, accumulated in fp32; "
+                f"in {self.precision}: {', '.join(low) or 'nothing else'}; in fp32: {', '.join(fp32) or 'nothing'}; "
+                f"{casts} casts")
 
     @property
     def pattern_groups(self) -> list[FusedGroup]:
@@ -75,7 +90,7 @@ class FusionReport:
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
             "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass, "planned_bytes": self.planned_bytes,
-            "dynamic": list(self.dynamic), "groups": [g.to_dict() for g in self.groups],
+            "dynamic": list(self.dynamic), "precision": self.precision, "dtypes": self.dtypes, "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
 
@@ -94,7 +109,8 @@ class FusionReport:
 
         via = " (imported through ONNX Runtime's shape folding)" if self.imported_via != "onnx" else ""
         table = Table(title=f"fusion report: {self.model} on {self.target} "
-                            f"({len(self.groups)} fused groups, {self.kernels} kernels){via}")
+                            f"({len(self.groups)} fused groups, {self.kernels} kernels){via}",
+                      caption=self.precision_line() or None)
         for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
             table.add_column(col, overflow="fold")
         for g in self.groups[:max_rows]:

@@ -32,6 +32,27 @@ def target() -> tvm.target.Target:
     return host_target()
 
 
+#: The machine the blocking tests decide for, whatever runs them: Zen3 (AVX2, 16 vector registers, L1D
+#: 32 KiB, L2 512 KiB), where their cases were measured. Their rules read vector width and cache sizes, so
+#: on the host's own facts the same case lands elsewhere (a Zen4's 1 MiB L2 and 16-lane tiles: the
+#: 1024 -> 64 1x1 on 14x14 already has its plane as the tile, a 12-channel group fits a 4-wide tile).
+#: AVX2 code runs on every CPU class CI lands on.
+PINNED_HOST = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx", "avx2", "fma"}), vendor="AuthenticAMD",
+                      model_name="pinned Zen3 profile", family=0x19, model=0x01, l1d_bytes=32 << 10,
+                      l2_bytes=512 << 10, l3_bytes=32 << 20)
+
+
+@pytest.fixture
+def pinned_target(monkeypatch: pytest.MonkeyPatch) -> tvm.target.Target:
+    """A Zen3 target whose schedules see PINNED_HOST's caches (the host must run AVX2)."""
+    import compiler.hostcpu as hostcpu
+
+    if not {"avx2", "fma"} <= detect_host().features:
+        pytest.skip("the pinned Zen3 profile's AVX2 code cannot run on this host")
+    monkeypatch.setattr(hostcpu, "detect_host", lambda cpuinfo_text=None: PINNED_HOST)
+    return tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+
+
 def _ort(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> np.ndarray:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -158,10 +179,11 @@ def _parallel_extents(mod: tvm.IRModule) -> list[int]:
     dict(c=1024, hw=14, oc=64, k=1, stride=1),   # ResNet layer3's 1024 -> 256 reduction, fewer channels out
     dict(c=256, hw=13, oc=40, k=3, stride=2),    # odd plane (7x7 out), a 3x3 stride-2 conv, oc not a multiple of 16
 ])
-def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(target: tvm.target.Target, kwargs: dict) -> None:
-    """With the weights of one channel tile bigger than L1 and the output plane small, the whole plane is the
+def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(pinned_target: tvm.target.Target,
+                                                                  kwargs: dict) -> None:
+    """On the pinned Zen3 profile: With the weights of one channel tile bigger than L1 and the output plane small, the whole plane is the
     tile (one parallel task per channel tile, not per row), and it computes what ORT computes."""
-    model = workloads.conv_bn_relu(**kwargs)
+    model, target = workloads.conv_bn_relu(**kwargs), pinned_target
     on, on_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_channel_block=False))
     off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_pointwise=False, conv_plane_tile=False,
                                                                     conv_channel_block=False))
@@ -179,15 +201,11 @@ def test_a_small_plane_is_the_tile_a_weight_block_is_reused_over(target: tvm.tar
     dict(c=256, hw=56, oc=128, k=1, stride=2),  # a stride-2 projection: the channel-vector kernel, 3.2 MB in
     dict(c=20, hw=60, oc=40, k=3, stride=1),    # channels not a multiple of the vector, odd tiles
 ])
-def test_an_input_bigger_than_l2_is_shared_by_a_block_of_channel_tiles(target: tvm.target.Target,
+def test_an_input_bigger_than_l2_is_shared_by_a_block_of_channel_tiles(pinned_target: tvm.target.Target,
                                                                        kwargs: dict) -> None:
-    """With the input image bigger than half of L2, output-channel tiles go inside the row loop in L2-sized
+    """On the pinned Zen3 profile: with the input image bigger than half of L2, output-channel tiles go inside the row loop in L2-sized
     blocks (fewer parallel tasks than one per tile and row), and the result is what ORT computes."""
-    from compiler.hostcpu import detect_host
-
-    if not detect_host().l2_bytes:
-        pytest.skip("this host does not report its L2 size: channel blocks are not used")
-    model = workloads.conv_bn_relu(**kwargs)
+    model, target = workloads.conv_bn_relu(**kwargs), pinned_target
     on, on_mod = _check(model, target)
     off, off_mod = _check(model, target, options=CpuScheduleOptions(conv_channel_block=False))
     assert on.scheduled == off.scheduled   # the same rules, in another loop order
@@ -233,11 +251,12 @@ def test_search_conv_tiles_shapes() -> None:
 
 
 def test_grouped_convs_take_the_per_plane_rule_only_when_no_dense_tile_fits_a_group(
-        target: tvm.target.Target) -> None:
-    """A grouped conv with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane,
+        pinned_target: tvm.target.Target) -> None:
+    """On the pinned Zen3 profile: a grouped conv with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane,
     30x slower). A 1x1 group conv goes there too when a channel tile fits inside one group (ShuffleNet's
     3-group 1x1s, 4-5x faster than per plane); one whose group no tile divides (12 channels against a 16-wide
     tile: the dense kernel's lanes would read two groups, a gather, 0.5 GFLOP/s) runs per plane."""
+    target = pinned_target
     report, _ = _check(workloads.conv_bn_relu(c=96, hw=13, oc=128, k=3, group=2), target)
     assert set(report.scheduled.values()) & {"conv2d+packed", "conv2d"}, report.summary()
     assert "grouped-conv2d" not in report.scheduled.values()

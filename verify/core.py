@@ -91,10 +91,13 @@ class BuildResult:
     traceback: str | None = None    # the worker-side traceback of `error` (shown with --debug)
     report: dict[str, Any] = field(default_factory=dict)
     cached: bool = False            # served from the build cache (compile_s is then the original build's)
+    #: reduced-precision builds (the fused side): its error against fp64 beside the unfused build's
+    fp64: Any = None                # verify.precision.Fp64Check
 
     @property
     def passed(self) -> bool:
-        return self.error is None and (self.compare is None or bool(self.compare))
+        return self.error is None and (self.compare is None or bool(self.compare)) \
+            and (self.fp64 is None or bool(self.fp64))
 
     @property
     def max_abs_error(self) -> float | None:
@@ -106,8 +109,9 @@ class BuildResult:
         return max(errors) if errors else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("compare",)}
+        d = {k: v for k, v in asdict(self).items() if k not in ("compare", "fp64")}
         d["compare"] = self.compare.to_dict() if self.compare is not None else None
+        d["fp64"] = self.fp64.to_dict() if self.fp64 is not None else None
         d["max_abs_error"] = self.max_abs_error
         d["passed"] = self.passed
         return d
@@ -124,6 +128,7 @@ class ModelVerdict:
     unfused: BuildResult
     skipped_run: str | None = None
     warnings: list[str] = field(default_factory=list)
+    precision: str = "fp32"
 
     @property
     def status(self) -> str:
@@ -143,7 +148,7 @@ class ModelVerdict:
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target, "nodes": self.nodes,
                 "input_shapes": {k: list(v) for k, v in self.input_shapes.items()}, "seed": self.seed,
-                "status": self.status, "skipped_run": self.skipped_run, "warnings": list(self.warnings),
+                "status": self.status, "precision": self.precision, "skipped_run": self.skipped_run, "warnings": list(self.warnings),
                 "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict()}
 
 
@@ -177,7 +182,8 @@ def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *,
 
 def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, inputs: Mapping[str, np.ndarray],
                    reference: Mapping[str, np.ndarray] | None, tolerances: Any,
-                   per_output: Mapping[str, Tolerance] | None) -> tuple[BuildResult, CompiledModel | None]:
+                   per_output: Mapping[str, Tolerance] | None,
+                   keep: dict[str, np.ndarray] | None = None) -> tuple[BuildResult, CompiledModel | None]:
     result = BuildResult(config=config)
     try:
         with progress.scope(f"compile {config}"):
@@ -202,6 +208,8 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
         result.run_s = time.perf_counter() - start
         result.ran = True
         named = dict(zip(loaded.output_names, outputs))
+        if keep is not None:
+            keep.update(named)
         result.compare = compare_outputs(named, dict(reference), tolerances=tolerances, per_output=per_output)
     return result, compiled
 
@@ -238,14 +246,35 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
     except Exception as err:  # ORT's own errors: a model it cannot run at these shapes is unusable input
         label = str(loaded.path) if loaded.path else loaded.name
         raise ModelError(f"{label}: ONNX Runtime cannot run it: {error_line(err)}{loaded.shape_hint()}") from err
-    fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output)
-    unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output)
+    reduced = options.precision != "fp32"
+    if reduced and tolerances is None and per_output is None and reference is not None:
+        from .precision import loose_tolerances     # vs fp32 ORT: a loose, scale-aware sanity bound only
+
+        per_output = loose_tolerances(options.precision, reference)
+    fused_out: dict[str, np.ndarray] = {}
+    unfused_out: dict[str, np.ndarray] = {}
+    fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output,
+                              keep=fused_out)
+    unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output,
+                                keep=unfused_out)
     notes = list(loaded.warnings)
+    if reduced and fused_out and unfused_out and reference is not None:
+        from .precision import check_against_fp64, fp64_reference
+
+        progress.stage("fp64 reference")
+        try:
+            gold, engine = fp64_reference(loaded.model, inputs, loaded.output_names, reference,
+                                          run_onnxruntime)
+        except Exception as err:     # no fp64 run at all: say so; the loose fp32 comparison still stands
+            notes.append(f"no fp64 reference ({error_line(err)}): fused vs unfused error not compared")
+        else:
+            fused.fp64 = check_against_fp64(options.precision, fused_out, unfused_out, gold, engine)
+            notes.append(fused.fp64.summary())
     if spec.is_gpu and not skipped:
         notes.append(f"reference: ONNX Runtime {providers[0].removesuffix('ExecutionProvider')} provider")
     return ModelVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
                         input_shapes=loaded.input_shapes, seed=seed, fused=fused, unfused=unfused,
-                        skipped_run=skipped, warnings=notes)
+                        skipped_run=skipped, warnings=notes, precision=options.precision)
 
 
 def verify_in_worker(source: str | bytes | SuiteSpec, *, timeout: float | None = None, worker: Any = None,

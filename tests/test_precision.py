@@ -1,0 +1,131 @@
+"""Reduced precision: the conversion policy, the fp64 reference, and the fused-vs-unfused rule that catches a
+fused kernel more wrong than its unfused counterpart when a loose tolerance alone would pass it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from compiler.errors import UsageError
+from compiler.pipeline import CompileOptions
+from compiler.precision import dtype_census, to_precision
+from verify.core import SuiteSpec, run_onnxruntime, verify_model
+from verify.precision import Fp64Check, check_against_fp64, fp64_reference, loose_tolerances, to_float64
+
+ROOT = Path(__file__).resolve().parent.parent
+LOWP_ACCUMULATE = ROOT / "tests" / "plugins" / "lowp_accumulate.py"
+
+
+def _mlp_with_layernorm() -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    rng = np.random.default_rng(0)
+    w = relax.const(rng.standard_normal((64, 64)).astype("float32"))
+    g = relax.const(np.ones(64, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            y = bb.emit(relax.op.add(y, g))
+            z = bb.emit(relax.op.nn.layer_norm(y, g, g, axes=[-1]))
+            s = bb.emit(relax.op.nn.softmax(z))
+            m = bb.emit(relax.op.mean(y, axis=[-1]))
+            out = bb.emit_output(relax.Tuple([s, m, y]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("precision,low", [("fp16", "float16"), ("bf16", "bfloat16")])
+def test_gemm_operands_go_low_and_accumulate_in_fp32_statistics_stay_fp32(precision: str, low: str) -> None:
+    mod = to_precision(_mlp_with_layernorm(), precision)
+    census = dtype_census(mod)
+    assert census["matmul"] == {"float32": 1}                       # accumulated (and returned) in fp32
+    assert census["astype"] == {low: 2}                             # x on entry and the weight, folded later
+    for op in ("nn.layer_norm", "nn.softmax", "mean", "add"):       # the epilogue and the statistics
+        assert set(census[op]) == {"float32"}, (op, census[op])
+    call = next(b.value for b in mod["main"].body.blocks[0].bindings
+                if isinstance(b.value, relax.Call) and b.value.op.name == "relax.matmul")
+    assert {str(a.ty.dtype) for a in call.args} == {low}
+    ret = mod["main"].ret_ty
+    assert all(str(f.dtype) == "float32" for f in ret.fields)      # the interface stays fp32
+    same = _mlp_with_layernorm()
+    assert to_precision(same, "fp32") is same
+
+
+def test_precision_is_checked_when_the_options_are_made() -> None:
+    with pytest.raises(UsageError, match="--precision 'fp8'"):
+        CompileOptions(precision="fp8")
+    assert CompileOptions(precision="bf16").to_dict()["precision"] == "bf16"    # so it keys the build cache
+
+
+def _old_softmax_model() -> onnx.ModelProto:
+    """Softmax-11 over (1, 10, 1, 1): it coerces to 2-D at axis 1 (10 classes); Softmax-13 would take the last
+    axis (size 1, every value 1.0). onnx.reference reads it as 13; converted to opset 13 it is right."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((10, 3, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+             helper.make_node("Softmax", ["p"], ["y"])]
+    graph = helper.make_graph(nodes, "old_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10, 1, 1])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
+def test_fp64_reference_must_agree_with_onnxruntime() -> None:
+    model = _old_softmax_model()
+    x = {"x": np.random.default_rng(2).standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    fp32 = run_onnxruntime(model, x)
+    assert to_float64(model).graph.initializer[0].data_type == TensorProto.DOUBLE
+    gold, engine = fp64_reference(model, x, ["y"], fp32, run_onnxruntime)
+    assert gold["y"].dtype == np.float64 and engine.startswith("onnx.reference")  # ORT has no float64 Conv
+    np.testing.assert_allclose(gold["y"], fp32["y"], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(gold["y"], 1.0)
+    with pytest.raises(ValueError, match="disagrees with ONNX Runtime") as err:   # none agrees: said, not used
+        fp64_reference(model, x, ["y"], {"y": 2 * fp32["y"]}, run_onnxruntime)
+    assert "ONNX Runtime float64" in str(err.value) and "opset as given" in str(err.value)
+
+
+def test_the_rule_is_relative_to_the_unfused_error_and_scale_aware() -> None:
+    gold = {"y": np.linspace(-1, 1, 1000)}
+    noise = np.random.default_rng(0).standard_normal(1000)
+    unfused = {"y": gold["y"] + 1e-3 * noise}
+    assert check_against_fp64("bf16", {"y": gold["y"] + 2.5e-3 * noise}, unfused, gold, "t")
+    worse = check_against_fp64("bf16", {"y": gold["y"] + 1e-2 * noise}, unfused, gold, "t")
+    assert isinstance(worse, Fp64Check) and not worse and "MORE WRONG" in worse.summary()
+    tol = loose_tolerances("bf16", {"y": np.full(4, 10.0, np.float32)})["y"]
+    assert tol.atol == pytest.approx(2.5) and tol.rtol == 0.25
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mlp_verifies_in_reduced_precision_fused_as_right_as_unfused(precision: str) -> None:
+    verdict = verify_model(SuiteSpec("mlp_gelu"), options=CompileOptions(precision=precision))
+    assert verdict, verdict.to_dict()
+    check = verdict.fused.fp64
+    assert check and check.outputs and verdict.precision == precision
+    out = check.outputs[0]
+    assert out.unfused_rmse > 1e-5          # really reduced: fp32 would sit near 1e-7
+    assert out.fused_rmse <= 1.5 * out.unfused_rmse
+    assert "matmul" in verdict.fused.report["dtypes"]
+
+
+def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(tmp_path: Path) -> None:
+    """The plugin makes fused GEMMs accumulate in fp16: every element is within the loose bound of the fp32
+    result, but the fused build is several times further from fp64 than the unfused build."""
+    verdict = verify_model(SuiteSpec("mlp_gelu"), options=CompileOptions(precision="fp16"))
+    assert verdict      # no plugin yet: passes
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "mlp_gelu", "--precision", "fp16",
+                           "--plugin", str(LOWP_ACCUMULATE), "--json", str(tmp_path / "v.json"), "--no-cache"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "MORE WRONG than allowed" in proc.stdout + proc.stderr
+    import json
+
+    fused = json.loads((tmp_path / "v.json").read_text())["models"][0]["fused"]
+    assert fused["compare"]["passed"]                    # the loose tolerance alone would pass it
+    assert not fused["fp64"]["passed"] and fused["fp64"]["outputs"][0]["fused_rmse"] > \
+        3 * fused["fp64"]["outputs"][0]["unfused_rmse"]

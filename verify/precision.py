@@ -1,0 +1,198 @@
+"""Reduced-precision verification: both builds against an fp64 run of the same model.
+
+A bf16 build is never bit-close to ONNX Runtime's fp32 result, so a tolerance loose enough to pass the
+unfused build passes a fused kernel that is several times more wrong. The rule users trust is PyTorch
+dynamo's `same()`: against an fp64 run, the fused result may be as wrong as its unfused counterpart in the
+same precision, not more: ``RMSE(fused, fp64) <= mult * RMSE(unfused, fp64) + tol / 10``.
+
+The fp64 run is ONNX Runtime on a float64 copy of the graph where ORT has float64 kernels for every node
+(MatMul, Gemm, Softmax, elementwise ops), else ONNX's own numpy reference evaluator on that copy (ORT's CPU
+Conv and Erf are float only; TVM's layer_norm refuses float64). Neither shares fuseguard's code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from .compare import Tolerance
+
+#: dynamo's `same()` multiplier for half types (2.0 for fp32): the fused build may be this many times as
+#: far from fp64 as the unfused build.
+HALF_MULT = 3.0
+#: The loose per-element check of each reduced build against ONNX Runtime's fp32 result, scaled by each
+#: output's RMS: |got - ref| <= B * (|ref| + rms(ref)). A sanity bound (the fp64 rule is what separates a
+#: wrong kernel from rounding). Measured, Zen4, the worst element of a whole model as max|d| / (|ref| + rms):
+#: fp16 1.2e-3 - 1.4e-2, bf16 1.0e-2 - 9.9e-2 (squeezenet, resnet18, mobilenet_v2 worst, bert_encoder,
+#: gpt2_tiny, attention_masked, mlp_gelu); B is 2.5-3.5x the worst.
+BUDGET: dict[str, float] = {"fp16": 0.05, "bf16": 0.25}
+#: Unit roundoff of each type: the fp64 rule's additive slack is one rounding of the output at its RMS
+#: (dynamo's tol / 10 in spirit, scale-aware so a softmax output of RMS 0.006 gets no free 5x).
+UNIT_ROUNDOFF: dict[str, float] = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def loose_tolerances(precision: str, reference: Mapping[str, np.ndarray]) -> dict[str, Tolerance]:
+    """Per float output of `reference`: Tolerance(rtol=B, atol=B * rms) for this precision's budget B."""
+    b = BUDGET[precision]
+    out = {}
+    for name, ref in reference.items():
+        if np.issubdtype(np.asarray(ref).dtype, np.floating) and np.size(ref):
+            rms = float(np.sqrt(np.mean(np.square(np.asarray(ref, np.float64)))))
+            out[name] = Tolerance(rtol=b, atol=max(b * rms, 1e-30))
+    return out
+
+
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` computing in float64: float32 initializers, constants, casts and I/O types."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    F, D = TensorProto.FLOAT, TensorProto.DOUBLE
+
+    def tensor(t: TensorProto) -> None:
+        if t.data_type == F:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+
+    def graph(g: onnx.GraphProto) -> None:
+        for t in g.initializer:
+            tensor(t)
+        for vi in [*g.input, *g.output, *g.value_info]:
+            if vi.type.tensor_type.elem_type == F:
+                vi.type.tensor_type.elem_type = D
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    tensor(a.t)
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    graph(a.g)
+                elif a.name == "to" and node.op_type in ("Cast", "CastLike") and a.i == F:
+                    a.i = D
+                elif a.name == "dtype" and a.type == onnx.AttributeProto.INT and a.i == F:
+                    a.i = D
+
+    graph(m.graph)
+    return m
+
+
+#: A float64 run must agree with ONNX Runtime's fp32 result this closely (RMSE relative to the output's RMS)
+#: to be used: fp32 models sit at 1e-7 - 1e-6 here, while a reference that reads an operator differently
+#: (onnx.reference applies Softmax-13's axis to a Softmax-11 model: SqueezeNet's output all 1.0) is off by O(1).
+AGREE_RTOL = 1e-3
+
+
+def _agrees(got: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray]) -> bool:
+    for name, ref in fp32.items():
+        if name not in got or np.shape(got[name]) != np.shape(ref):
+            return False
+        if np.issubdtype(np.asarray(ref).dtype, np.floating):
+            scale = float(np.sqrt(np.mean(np.square(np.asarray(ref, np.float64))))) if np.size(ref) else 0.0
+            if not _rmse(got[name], ref) <= AGREE_RTOL * max(scale, 1e-30):
+                return False
+    return True
+
+
+def fp64_reference(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], output_names: list[str],
+                   fp32_reference: Mapping[str, np.ndarray],
+                   run_onnxruntime: Callable[..., dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], str]:
+    """(outputs of a float64 run that agrees with ONNX Runtime's fp32 one, which engine ran it).
+
+    Tried in order: ONNX Runtime; ONNX's reference evaluator on the graph converted to opset 13 or later
+    (whose operator versions it implements most faithfully); the evaluator on the graph as given. Raises
+    ValueError naming each attempt when none agrees."""
+    model64 = to_float64(model)
+    feed = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in inputs.items()}
+    tried: list[str] = []
+
+    def ort() -> dict[str, np.ndarray]:
+        return run_onnxruntime(model64, feed)
+
+    def evaluator(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+        from onnx.reference import ReferenceEvaluator
+
+        return dict(zip(output_names, ReferenceEvaluator(m).run(None, feed)))
+
+    def converted() -> dict[str, np.ndarray]:
+        from onnx import version_converter
+
+        opset = max((o.version for o in model64.opset_import if o.domain in ("", "ai.onnx")), default=13)
+        return evaluator(version_converter.convert_version(model64, max(opset, 13)) if opset < 13 else model64)
+
+    for label, run in (("ONNX Runtime float64", ort), ("onnx.reference float64", converted),
+                       ("onnx.reference float64 (opset as given)", lambda: evaluator(model64))):
+        try:
+            got = run()
+        except Exception as err:     # no float64 kernel for some node (ORT's CPU Conv and Erf), ...
+            tried.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}")
+            continue
+        if _agrees(got, fp32_reference):
+            return got, label
+        tried.append(f"{label}: disagrees with ONNX Runtime fp32 by more than {AGREE_RTOL:g} relative RMSE")
+    raise ValueError("; ".join(tried))
+
+
+def _rmse(x: np.ndarray, y: np.ndarray) -> float:
+    d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+    return float(np.sqrt(np.mean(d * d))) if d.size else 0.0
+
+
+@dataclass
+class Fp64Output:
+    name: str
+    fused_rmse: float
+    unfused_rmse: float
+    bound: float
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.fused_rmse) and self.fused_rmse <= self.bound
+
+    @property
+    def ratio(self) -> float:
+        return self.fused_rmse / self.unfused_rmse if self.unfused_rmse > 0 else math.inf
+
+
+@dataclass
+class Fp64Check:
+    """The fused build's error against fp64 beside the unfused build's (truthy when no worse than allowed)."""
+
+    precision: str
+    engine: str
+    mult: float
+    outputs: list[Fp64Output] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def summary(self) -> str:
+        worst = max(self.outputs, key=lambda o: o.fused_rmse / o.bound if o.bound else math.inf, default=None)
+        if worst is None:
+            return f"{self.precision} vs fp64: no float outputs"
+        verdict = "within" if self else "MORE WRONG than allowed:"
+        return (f"{self.precision} vs fp64 ({self.engine}): fused {verdict} rmse {worst.fused_rmse:.3g} vs unfused "
+                f"{worst.unfused_rmse:.3g} ({worst.ratio:.2f}x; allowed {self.mult:g}x + slack) on {worst.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"precision": self.precision, "engine": self.engine, "mult": self.mult, "passed": bool(self),
+                "summary": self.summary(),
+                "outputs": [{**asdict(o), "passed": o.passed} for o in self.outputs]}
+
+
+def check_against_fp64(precision: str, fused: Mapping[str, np.ndarray], unfused: Mapping[str, np.ndarray],
+                       gold: Mapping[str, np.ndarray], engine: str) -> Fp64Check:
+    """dynamo's rule per float output: rmse(fused, fp64) <= HALF_MULT * rmse(unfused, fp64) + u * rms(fp64), u the type's
+    unit roundoff."""
+    check = Fp64Check(precision=precision, engine=engine, mult=HALF_MULT)
+    for name, g in gold.items():
+        if name not in fused or name not in unfused or not np.issubdtype(np.asarray(g).dtype, np.floating):
+            continue
+        f_err, u_err = _rmse(fused[name], g), _rmse(unfused[name], g)
+        slack = UNIT_ROUNDOFF[precision] * float(np.sqrt(np.mean(np.square(np.asarray(g, np.float64))))) \
+            if np.size(g) else 0.0
+        check.outputs.append(Fp64Output(name=name, fused_rmse=f_err, unfused_rmse=u_err,
+                                        bound=HALF_MULT * u_err + slack))
+    return check
