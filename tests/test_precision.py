@@ -86,7 +86,7 @@ def test_fp64_reference_must_agree_with_onnxruntime() -> None:
     np.testing.assert_allclose(gold["y"], fp32["y"], rtol=1e-5, atol=1e-7)
     assert not np.allclose(gold["y"], 1.0)
     with pytest.raises(ValueError, match="disagrees with ONNX Runtime") as err:   # none agrees: said, not used
-        fp64_reference(model, x, ["y"], {"y": 2 * fp32["y"]}, run_onnxruntime)
+        fp64_reference(model, x, ["y"], {"y": -fp32["y"]}, run_onnxruntime)
     assert "ONNX Runtime float64" in str(err.value) and "opset as given" in str(err.value)
 
 
@@ -98,7 +98,7 @@ def test_the_rule_is_relative_to_the_unfused_error_and_scale_aware() -> None:
     worse = check_against_fp64("bf16", {"y": gold["y"] + 1e-2 * noise}, unfused, gold, "t")
     assert isinstance(worse, Fp64Check) and not worse and "MORE WRONG" in worse.summary()
     tol = loose_tolerances("bf16", {"y": np.full(4, 10.0, np.float32)})["y"]
-    assert tol.atol == pytest.approx(2.5) and tol.rtol == 0.25
+    assert tol.atol == pytest.approx(7.5) and tol.rtol == 0.75
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -28,10 +28,10 @@ from .compare import Tolerance
 HALF_MULT = 3.0
 #: The loose per-element check of each reduced build against ONNX Runtime's fp32 result, scaled by each
 #: output's RMS: |got - ref| <= B * (|ref| + rms(ref)). A sanity bound (the fp64 rule is what separates a
-#: wrong kernel from rounding). Measured, Zen4, the worst element of a whole model as max|d| / (|ref| + rms):
-#: fp16 1.2e-3 - 1.4e-2, bf16 1.0e-2 - 9.9e-2 (squeezenet, resnet18, mobilenet_v2 worst, bert_encoder,
-#: gpt2_tiny, attention_masked, mlp_gelu); B is 2.5-3.5x the worst.
-BUDGET: dict[str, float] = {"fp16": 0.05, "bf16": 0.25}
+#: wrong kernel from rounding; B catches a grossly wrong conversion). Measured, Zen4, the worst element of a
+#: whole model as max|d| / (|ref| + rms): fp16 1.2e-3 - 5.3e-2 (ResNet-50 worst), bf16 1.0e-2 - 0.28
+#: (gpt2_tiny_peaked worst, ResNet-50's softmax 0.25); B is 2.7-2.8x the worst.
+BUDGET: dict[str, float] = {"fp16": 0.15, "bf16": 0.75}
 #: Unit roundoff of each type: the fp64 rule's additive slack is one rounding of the output at its RMS
 #: (dynamo's tol / 10 in spirit, scale-aware so a softmax output of RMS 0.006 gets no free 5x).
 UNIT_ROUNDOFF: dict[str, float] = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -80,20 +80,25 @@ def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 #: A float64 run must agree with ONNX Runtime's fp32 result this closely (RMSE relative to the output's RMS)
-#: to be used: fp32 models sit at 1e-7 - 1e-6 here, while a reference that reads an operator differently
-#: (onnx.reference applies Softmax-13's axis to a Softmax-11 model: SqueezeNet's output all 1.0) is off by O(1).
-AGREE_RTOL = 1e-3
+#: to be used. Loose on purpose: a reference that reads an operator differently is off by O(1) or more
+#: (onnx.reference applies Softmax-13's axis to a Softmax-11 model: SqueezeNet's output all 1.0, 160x its
+#: RMS), while ill-conditioned models put ORT's own fp32 result far from fp64 (the suite's random-weight
+#: ShuffleNet and ResNet-50: 0.19-0.23, from the first BatchNorm on, where ORT's folded x*scale + bias
+#: cancels). Past AGREE_NOTE the verdict says how far, so a user can tell which it is.
+AGREE_RTOL = 0.5
+AGREE_NOTE = 1e-3
 
 
-def _agrees(got: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray]) -> bool:
+def _disagreement(got: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray]) -> float:
+    """The worst float output's RMSE against ORT's fp32 result relative to its RMS (inf on a shape mismatch)."""
+    worst = 0.0
     for name, ref in fp32.items():
         if name not in got or np.shape(got[name]) != np.shape(ref):
-            return False
-        if np.issubdtype(np.asarray(ref).dtype, np.floating):
-            scale = float(np.sqrt(np.mean(np.square(np.asarray(ref, np.float64))))) if np.size(ref) else 0.0
-            if not _rmse(got[name], ref) <= AGREE_RTOL * max(scale, 1e-30):
-                return False
-    return True
+            return math.inf
+        if np.issubdtype(np.asarray(ref).dtype, np.floating) and np.size(ref):
+            scale = float(np.sqrt(np.mean(np.square(np.asarray(ref, np.float64)))))
+            worst = max(worst, _rmse(got[name], ref) / max(scale, 1e-30))
+    return worst
 
 
 def fp64_reference(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], output_names: list[str],
@@ -129,9 +134,10 @@ def fp64_reference(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], out
         except Exception as err:     # no float64 kernel for some node (ORT's CPU Conv and Erf), ...
             tried.append(f"{label}: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}")
             continue
-        if _agrees(got, fp32_reference):
-            return got, label
-        tried.append(f"{label}: disagrees with ONNX Runtime fp32 by more than {AGREE_RTOL:g} relative RMSE")
+        off = _disagreement(got, fp32_reference)
+        if off <= AGREE_RTOL:
+            return got, label + (f", {off:.2g} relative RMSE from ONNX Runtime fp32" if off > AGREE_NOTE else "")
+        tried.append(f"{label}: disagrees with ONNX Runtime fp32 by {off:.3g} relative RMSE (> {AGREE_RTOL:g})")
     raise ValueError("; ".join(tried))
 
 
