@@ -129,3 +129,46 @@ def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(
     assert fused["compare"]["passed"]                    # the loose tolerance alone would pass it
     assert not fused["fp64"]["passed"] and fused["fp64"]["outputs"][0]["fused_rmse"] > \
         3 * fused["fp64"]["outputs"][0]["unfused_rmse"]
+
+
+def _quantised(tmp_path: Path, name: str) -> Path:
+    """A built-in model quantised to int8 QDQ by ONNX Runtime's own quantiser (4 calibration draws)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from compiler.onnx_loader import load
+    from suites.models import get_model
+    from verify.inputs import make_inputs
+
+    loaded = load(get_model(name).make(), None, name=name)
+    src, dst = tmp_path / f"{name}.onnx", tmp_path / f"{name}_int8.onnx"
+    onnx.save(loaded.model, src)
+
+    class Draws(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([make_inputs(loaded.model, loaded.input_shapes, seed=s) for s in range(4)])
+
+        def get_next(self):  # noqa: ANN202 - ORT's interface
+            return next(self.it, None)
+
+    quantize_static(str(src), str(dst), Draws(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8)
+    return dst
+
+
+@pytest.mark.parametrize("name", ["conv_bn_relu", "mlp_gelu"])
+def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, name: str) -> None:
+    from verify.compare import compare_outputs
+    from verify.precision import is_qdq, output_steps, qdq_tolerances
+
+    path = _quantised(tmp_path, name)
+    model = onnx.load(path)
+    assert is_qdq(model)
+    steps = output_steps(model)
+    assert steps and all(s > 0 for s in steps.values())
+    verdict = verify_model(str(path))
+    assert verdict, verdict.to_dict()
+    tol = qdq_tolerances(model)
+    out = next(iter(steps))
+    ref = np.zeros(8, np.float32)
+    assert compare_outputs({out: ref + 2 * steps[out]}, {out: ref}, per_output=tol)      # two steps: passes
+    assert not compare_outputs({out: ref + 3 * steps[out]}, {out: ref}, per_output=tol)  # three: fails

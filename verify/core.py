@@ -251,6 +251,11 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
         from .precision import loose_tolerances     # vs fp32 ORT: a loose, scale-aware sanity bound only
 
         per_output = loose_tolerances(options.precision, reference)
+    if tolerances is None and per_output is None:
+        from .precision import is_qdq, qdq_tolerances
+
+        if is_qdq(loaded.model):        # int8 QDQ: one quantisation step on each dequantized output
+            per_output = qdq_tolerances(loaded.model) or None
     fused_out: dict[str, np.ndarray] = {}
     unfused_out: dict[str, np.ndarray] = {}
     fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output,

@@ -202,3 +202,49 @@ def check_against_fp64(precision: str, fused: Mapping[str, np.ndarray], unfused:
         check.outputs.append(Fp64Output(name=name, fused_rmse=f_err, unfused_rmse=u_err,
                                         bound=HALF_MULT * u_err + slack))
     return check
+
+
+# ------------------------------------------------------------------------------------------ int8 QDQ models
+
+#: Ops between an output and the DequantizeLinear it reads that keep its values (so its step).
+_VALUE_PRESERVING = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: Quantisation steps of the output allowed: a value on a rounding boundary of any QuantizeLinear may land one
+#: step apart in each engine, and a flip inside the network moves later outputs. Measured (ORT's
+#: quantize_static, int8 QDQ, fused and unfused alike): SqueezeNet, bert_encoder, resnet18, mobilenet_v2,
+#: gpt2_tiny and vit_tiny within one step of the output; mlp_gelu (768 -> 3072 -> 768) two steps on 9 of
+#: 12288 elements fused, 1 unfused.
+QDQ_STEPS = 2
+#: Float slack on top of the steps: the step itself is a float32 scale, and the dequantized value is
+#: (q - zero_point) * scale in float32 on both sides.
+STEP_SLACK = 1e-3
+
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    """A model quantised in QDQ form (ORT's quantiser, torch's export): QuantizeLinear/DequantizeLinear pairs."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """Graph output -> the quantisation step (largest scale) of the DequantizeLinear it reads, through
+    value-preserving ops only; outputs computed in float after the last dequantize are left out."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    steps: dict[str, float] = {}
+    for out in model.graph.output:
+        node = producer.get(out.name)
+        while node is not None and node.op_type in _VALUE_PRESERVING:
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type == "DequantizeLinear" and node.input[1] in consts:
+            steps[out.name] = float(np.max(np.abs(consts[node.input[1]])))
+    return steps
+
+
+def qdq_tolerances(model: onnx.ModelProto) -> dict[str, Tolerance]:
+    """QDQ_STEPS quantisation steps per dequantized output: fuseguard and ONNX Runtime (optimisations off)
+    both compute a QDQ graph's Q/DQ pairs in float; they differ only where a value sits on a rounding
+    boundary."""
+    return {name: Tolerance(atol=QDQ_STEPS * step * (1 + STEP_SLACK), rtol=0.0)
+            for name, step in output_steps(model).items()}
