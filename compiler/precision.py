@@ -108,7 +108,7 @@ def _with_out_dtype(attrs: tvm.ir.Attrs, dtype: str) -> tvm.ir.Attrs:
 
 
 def to_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
-    """`mod` with `main` computed in `precision` by the policy above; fp32 returns it unchanged."""
+    """`mod` with every Relax function computed in `precision` by the policy above; fp32 returns it unchanged."""
     low = PRECISIONS[check(precision)]
     if low == FP32:
         return mod

@@ -172,3 +172,27 @@ def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, na
     ref = np.zeros(8, np.float32)
     assert compare_outputs({out: ref + 2 * steps[out]}, {out: ref}, per_output=tol)      # two steps: passes
     assert not compare_outputs({out: ref + 3 * steps[out]}, {out: ref}, per_output=tol)  # three: fails
+
+
+def test_ops_without_a_float64_kernel_run_in_fp32_islands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT has no float64 Erf: with ONNX's evaluator unavailable (it fails on bert_tiny's export), the
+    reference runs Erf in fp32 between casts and says so."""
+    import onnx.reference
+
+    class Broken:
+        def __init__(self, *_a, **_k) -> None:
+            raise ValueError("cannot reshape array of size 1 into shape (1,64)")
+
+    monkeypatch.setattr(onnx.reference, "ReferenceEvaluator", Broken)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    nodes = [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("GatherElements", ["e", "i"], ["y"], axis=1)]
+    idx = numpy_helper.from_array(np.tile(np.arange(8)[::-1], (4, 1)).astype(np.int64), "i")
+    model = helper.make_model(helper.make_graph(nodes, "erf", [x], [y], [idx]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"x": np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)}
+    fp32 = run_onnxruntime(model, feed)
+    gold, engine = fp64_reference(model, feed, ["y"], fp32, run_onnxruntime)
+    assert gold["y"].dtype == np.float64
+    np.testing.assert_allclose(gold["y"], fp32["y"], rtol=1e-6, atol=1e-7)
+    assert engine == "ONNX Runtime float64 (Erf in fp32)", engine
