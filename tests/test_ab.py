@@ -142,3 +142,15 @@ def test_compile_confirmation_stops_once_it_cannot_fail() -> None:
     assert ab.compile_can_still_fail([(10.0, 12.0), (10.0, 12.5)])
     assert not ab.compile_can_still_fail([(10.0, 12.0), (10.0, 10.0)])
     assert ab.compile_excess_p([(10.0, 10.0)] * 5) == 1.0
+
+
+def test_an_option_the_base_tree_lacks_is_refused_unless_at_its_default(tmp_path: Path) -> None:
+    """`--precision bf16` against a base that predates it must not time an fp32 base against a bf16 candidate."""
+    from compiler.errors import UsageError
+
+    args = dict(tree=str(ab.PROJECT_ROOT), model_path=str(tmp_path / "missing.onnx"),
+                inputs_path=str(tmp_path / "missing.npz"), out_dir=str(tmp_path), label="base")
+    with pytest.raises(UsageError, match="no option frobnicate \\(frobnicate='on' asked\\)"):
+        ab.build_arm(options={"frobnicate": "on"}, defaults={"frobnicate": "off"}, **args)
+    with pytest.raises(FileNotFoundError):      # at its default it is dropped, and the build goes on
+        ab.build_arm(options={"frobnicate": "off"}, defaults={"frobnicate": "off"}, **args)

@@ -134,9 +134,11 @@ def materialize(rev: str, repo: Path = PROJECT_ROOT, cache: Path | None = None) 
 # ----------------------------------------------------------------------------- worker tasks
 
 def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str, Any], out_dir: str,
-              label: str) -> dict[str, Any]:
+              label: str, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """In a worker whose `sys.path` starts with `tree`: compile with THAT tree's compiler, export the
-    library, run it once on the inputs (for the output comparison)."""
+    library, run it once on the inputs (for the output comparison). An option the tree's compiler lacks
+    is dropped only at its default (`defaults`, the candidate's): `--precision bf16` against a base that
+    predates it would otherwise time an fp32 base against a bf16 candidate."""
     import time
 
     import compiler
@@ -156,6 +158,10 @@ def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str
             return parse_dynamic(v)
         return v
 
+    lacking = sorted(k for k, v in options.items() if k not in known and (defaults is None or defaults.get(k) != v))
+    if lacking:
+        raise UsageError(f"{label} tree ({tree}): its compiler has no option {', '.join(lacking)} "
+                         f"({', '.join(f'{k}={options[k]!r}' for k in lacking)} asked); gate against a later base")
     opts = CompileOptions(**{k: plain(k, v) for k, v in options.items() if k in known})
     with np.load(inputs_path) as z:
         inputs = {k: z[k] for k in z.files}
@@ -345,6 +351,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
 
     from compiler.errors import FuseguardError
     from compiler.onnx_loader import load
+    from compiler.pipeline import CompileOptions
 
     from .core import SuiteSpec
     from .inputs import make_inputs
@@ -369,6 +376,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
                 return worker.call("verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
                                    timeout=timeout, tree=str(trees[label]), model_path=str(workdir / "model.onnx"),
                                    inputs_path=str(workdir / "inputs.npz"), options=dict(options),
+                                   defaults=CompileOptions().to_dict(),
                                    out_dir=str(workdir), label=label)
 
         for label in ARMS:
