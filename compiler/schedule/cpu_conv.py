@@ -20,7 +20,7 @@ from ..hostcpu import HostCPU
 from .cpu_elementwise import schedule_spatial_block
 from .packing import pack_param_layout
 from .tir_analysis import (REDUCE, BufferLoad, inline_around, int_or_none, loops_match_iters, simple_index_vars,
-                           try_inline_all)
+                           try_inline_all, widened_load)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
     var_pos = {iv.var: p for p, iv in enumerate(ivs)}
     if out_vars is None or [var_pos.get(v) for v in out_vars] != [0, 1, 2, 3]:
         return None
-    for w, d in ((prod.b, prod.a), (prod.a, prod.b)):
+    for w, d in ((widened_load(prod.b), widened_load(prod.a)), (widened_load(prod.a), widened_load(prod.b))):
         if not (isinstance(w, BufferLoad) and isinstance(d, BufferLoad)):
             continue
         w_vars = simple_index_vars(w.indices)

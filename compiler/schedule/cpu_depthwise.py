@@ -21,7 +21,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
 from .tir_analysis import (REDUCE, BufferLoad, int_or_none, is_spatial, loads_in, root_blocks, simple_index_vars,
-                           try_inline_all)
+                           try_inline_all, widened_load)
 
 
 #: Widest padded row vectorised whole when its width is not a multiple of the vector length.
@@ -63,7 +63,7 @@ def match_depthwise(sch: s_tir.Schedule, block_rv: SBlockRV, *, any_conv: bool =
     if out_vars is None or [var_pos.get(v) for v in out_vars] != [0, 1, 2, 3]:
         return None
     prod = val.b
-    for w, d in ((prod.b, prod.a), (prod.a, prod.b)):
+    for w, d in ((widened_load(prod.b), widened_load(prod.a)), (widened_load(prod.a), widened_load(prod.b))):
         if not (isinstance(w, BufferLoad) and isinstance(d, BufferLoad)):
             continue
         w_vars = simple_index_vars(w.indices)

@@ -18,7 +18,8 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
 from .packing import pack_param_layout
-from .tir_analysis import REDUCE, BufferLoad, inline_around, int_or_none, loads_in, loops_match_iters, simple_index_vars
+from .tir_analysis import (REDUCE, BufferLoad, inline_around, int_or_none, loads_in, loops_match_iters, simple_index_vars,
+                           widened_load)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV) -> MatmulInfo | None:
         lhs, rhs = rhs, lhs
     if not (isinstance(lhs, BufferLoad) and lhs.source.same_as(store.buffer) and isinstance(rhs, tirx.Mul)):
         return None
-    a, b = rhs.a, rhs.b
+    a, b = widened_load(rhs.a), widened_load(rhs.b)
     if not (isinstance(a, BufferLoad) and isinstance(b, BufferLoad)):
         return None
     var_pos = {iv.var: p for p, iv in enumerate(ivs)}

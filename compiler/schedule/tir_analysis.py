@@ -47,6 +47,15 @@ def is_reduction(block: s_tir.SBlock) -> bool:
     return any(iv.iter_type == REDUCE for iv in block.iter_vars)
 
 
+def widened_load(expr: object) -> object:
+    """The load under a widening cast (`--precision fp16/bf16` operands read as Cast(float32, load)), else
+    `expr` itself: GEMM and conv rules match reduced operands as they match fp32 ones."""
+    if isinstance(expr, tirx.Cast) and isinstance(expr.value, BufferLoad) \
+            and str(expr.value.source.dtype) in ("float16", "bfloat16"):
+        return expr.value
+    return expr
+
+
 def loads_in(expr: object) -> list[BufferLoad]:
     found: list[BufferLoad] = []
     tvm_ffi.structural_walk(expr, (BufferLoad, found.append), order="post")
