@@ -17,8 +17,10 @@ GEMM+epilogue kernel computes, and the down-cast happens where the next GEMM rea
 cast into the producing kernel, so tensors between kernels are stored in the reduced type). The fused and
 the unfused build compute the same function; fusion must not change its error against fp64.
 
-I/O stays float32: graph inputs are cast on entry, outputs cast back on exit, so the harness, ONNX Runtime
-and the fp64 reference all see the fp32 model's interface.
+The interface is the model's own: inputs are cast where a GEMM reads them, and every tensor the pass
+creates in the reduced type is a GEMM operand, so outputs keep their types (a model's own fp16 GEMM keeps
+its fp16 output, accumulated in fp32). The harness, ONNX Runtime and the fp64 reference all see the same
+interface.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ class _Convert(relax.PyExprMutator):
             if any(d != FP32 and d != self.low for d in floats):    # fp64 and friends: not ours to lower
                 return call
             new_args = [self._cast(a, self.low) for a in args]
-            return relax.Call(call.op, new_args, _with_out_dtype(call.attrs, FP32), call.ty_args)
+            widened = relax.Call(call.op, new_args, _with_out_dtype(call.attrs, FP32), call.ty_args)
+            native = _dtype(call)       # a model's own fp16 GEMM keeps its output type (fp32 accumulation)
+            return widened if native in (None, FP32) else relax.op.astype(self.builder_.normalize(widened), native)
         if op in FOLLOW and all(d == self.low for d in floats):
             return call
         if self.low in floats:
@@ -112,34 +116,12 @@ def to_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     low = PRECISIONS[check(precision)]
     if low == FP32:
         return mod
-    out = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            converter = _Convert(out, low)
-            body = converter.visit_expr(func.body)
-            out[gv] = relax.Function(func.params, _outputs_to_fp32(converter, body), None, func.is_pure,
-                                     func.attrs, func.span)
+            body = _Convert(out, low).visit_expr(func.body)
+            out[gv] = relax.Function(func.params, body, None, func.is_pure, func.attrs, func.span)
     return relax.transform.Normalize()(out)
-
-
-def _outputs_to_fp32(converter: _Convert, body: relax.Expr) -> relax.Expr:
-    """The function's result with every reduced-type tensor cast back to float32 (the fp32 interface)."""
-    if not isinstance(body, relax.SeqExpr):
-        return body
-    result = body.body
-    fields = list(result.fields) if isinstance(result, relax.Tuple) else [result]
-    if not any(_dtype(f) is not None and _dtype(f) != FP32 and _is_float(_dtype(f)) for f in fields):
-        return body
-    casts, new_fields = [], []
-    for f in fields:
-        if _is_float(_dtype(f)) and _dtype(f) == converter.low:
-            var = relax.Var(f"{getattr(f, 'name_hint', 'out')}_fp32", relax.TensorType(f.ty.shape, FP32))
-            casts.append(relax.VarBinding(var, relax.op.astype(f, FP32)))
-            new_fields.append(var)
-        else:
-            new_fields.append(f)
-    blocks = list(body.blocks) + [relax.BindingBlock(casts)]
-    return relax.SeqExpr(blocks, relax.Tuple(new_fields) if isinstance(result, relax.Tuple) else new_fields[0])
 
 
 def dtype_census(mod: tvm.IRModule) -> dict[str, dict[str, int]]:

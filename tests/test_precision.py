@@ -213,3 +213,18 @@ def test_reduced_operands_take_the_same_cpu_schedules_as_fp32(name: str, rule: s
     assert rules and rules == {r for r in fp32.report.schedules.values() if r.startswith(rule)}, built.report.schedules
     naive = compile_model(model.make(), model.input_shapes(), options=CompileOptions(precision="bf16", schedule=False))
     np.testing.assert_allclose(built.run(feed)[0], naive.run(feed)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_models_own_fp16_gemm_keeps_its_output_type() -> None:
+    """An fp16 model's matmul accumulates in fp32 under --precision fp16 but still returns fp16."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float16"))
+    w = relax.const(np.ones((8, 8), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            out = bb.emit_output(relax.op.add(y, y))
+        bb.emit_func_output(out)
+    mod = to_precision(bb.get(), "fp16")
+    assert str(mod["main"].ret_ty.dtype) == "float16"
+    assert dtype_census(mod)["matmul"] == {"float32": 1} and dtype_census(mod)["add"] == {"float16": 1}
