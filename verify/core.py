@@ -23,6 +23,7 @@ from compiler.pipeline import CompileOptions, CompiledModel
 from compiler.target import cuda_device_present, resolve
 
 from .compare import CompareResult, Tolerance, compare_outputs
+from .precision import check_against_fp64, fp64_reference, is_qdq, loose_tolerances, qdq_tolerances
 from .inputs import load_npz, make_inputs
 
 NO_CUDA_DEVICE = "no CUDA device"
@@ -248,13 +249,10 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
         raise ModelError(f"{label}: ONNX Runtime cannot run it: {error_line(err)}{loaded.shape_hint()}") from err
     reduced = options.precision != "fp32"
     if reduced and tolerances is None and per_output is None and reference is not None:
-        from .precision import loose_tolerances     # vs fp32 ORT: a loose, scale-aware sanity bound only
-
+        # vs fp32 ORT: a loose, scale-aware sanity bound only
         per_output = loose_tolerances(options.precision, reference)
     if tolerances is None and per_output is None:
-        from .precision import is_qdq, qdq_tolerances
-
-        if is_qdq(loaded.model):        # int8 QDQ: one quantisation step on each dequantized output
+        if is_qdq(loaded.model):        # int8 QDQ: QDQ_STEPS quantisation steps on each dequantized output
             per_output = qdq_tolerances(loaded.model) or None
     fused_out: dict[str, np.ndarray] = {}
     unfused_out: dict[str, np.ndarray] = {}
@@ -264,8 +262,6 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
                                 keep=unfused_out)
     notes = list(loaded.warnings)
     if reduced and fused_out and unfused_out and reference is not None:
-        from .precision import check_against_fp64, fp64_reference
-
         progress.stage("fp64 reference")
         try:
             gold, engine = fp64_reference(loaded.model, inputs, loaded.output_names, reference,
