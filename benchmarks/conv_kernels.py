@@ -8,6 +8,7 @@ interleaved in this one process (`verify.timing.measure_interleaved`, both threa
     python benchmarks/conv_kernels.py                          # the default shape list
     python benchmarks/conv_kernels.py --off conv_pointwise     # the pointwise kernel against the old one
     python benchmarks/conv_kernels.py --case 240,240,28,5,2,240,silu --off depthwise_deinterleave
+    python benchmarks/conv_kernels.py --nchw                   # the blocked layout against NCHW (--no-layout)
 
 A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu or silu).
 """
@@ -66,11 +67,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", action="append", default=[], help="C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (repeatable)")
     p.add_argument("--off", default=None, metavar="SWITCH", help="also time a build with this schedule switch off")
+    p.add_argument("--nchw", action="store_true", help="also time the NCHW build (the layout step off)")
     p.add_argument("--repeats", type=int, default=25)
     args = p.parse_args(argv)
     threads = int(os.environ["TVM_NUM_THREADS"])
     print(f"{'case':34s} {'tvm ms':>8s} {'GFLOP/s':>8s} {'ort ms':>8s} {'tvm/ort':>8s}"
-          + (f" {'off ms':>8s} {'tvm/off':>8s}" if args.off else "") + "  rule")
+          + (f" {'off ms':>8s} {'tvm/off':>8s}" if args.off else "")
+          + (f" {'nchw ms':>8s} {'tvm/nchw':>8s}" if args.nchw else "") + "  rule")
     for text in args.case or DEFAULT_CASES:
         case = parse_case(text)
         model, flops = model_of(*case)
@@ -79,11 +82,11 @@ def main(argv: list[str]) -> int:
                                        providers=["CPUExecutionProvider"])
         ref = session.run(None, {"x": x})[0]
         fns, rule = {}, ""
-        for label, off in (("tvm", ""), ("off", args.off or "")):
-            if label == "off" and not args.off:
+        for label, off in (("tvm", ""), ("off", args.off or ""), ("nchw", "")):
+            if label == "off" and not args.off or label == "nchw" and not args.nchw:
                 continue
             os.environ["FUSEGUARD_CPU_SCHEDULE_OFF"] = off
-            built = compile_model(load(model, None, name="conv"), options=CompileOptions())
+            built = compile_model(load(model, None, name="conv"), options=CompileOptions(layout=label != "nchw"))
             err = float(np.abs(built.run({"x": x})[0] - ref).max())
             if err > 1e-3:
                 print(f"{text}: {label} build differs from ORT by {err:.2e}", file=sys.stderr)
@@ -98,6 +101,8 @@ def main(argv: list[str]) -> int:
                 f"{med['tvm'] / med['ort']:8.2f}")
         if args.off:
             line += f" {med['off']:8.3f} {med['tvm'] / med['off']:8.2f}"
+        if args.nchw:
+            line += f" {med['nchw']:8.3f} {med['tvm'] / med['nchw']:8.2f}"
         print(line + f"  {rule}", flush=True)
     return 0
 

@@ -10,6 +10,8 @@
     4  CanonicalizeBindings, DeadCodeElimination, FoldConstant                                 [dce]
     4b to_precision, CSE, FoldConstant   fp16/bf16: GEMM/conv operands in the reduced type, fp32
                                     accumulation, epilogues and statistics (compiler/precision.py)  [precision]
+    4c to_blocked                  CPU: convs in NCHW{lanes}c, the layout propagated, weights packed
+                                    (compiler/layout.py); the unfused build takes the same decision  [layout]
        user passes "before_fusion"
     5  pattern fusion                                                                          [fusion]
        5a rule.prepare             rewrites a rule needs first (decomposed LayerNorm -> one op)
@@ -48,10 +50,11 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, decisions, patterns, progress, report
+from . import cost, decisions, hostcpu, patterns, progress, report
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
+from .layout import legalize_map as layout_legalize_map, summarise, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
 from .precision import check as precision_check, dtype_census, to_precision
@@ -105,6 +108,8 @@ class CompileOptions:
     dynamic: tuple[DynamicDim, ...] = ()
     #: "fp32", or "fp16"/"bf16": GEMM and conv operands in that type, accumulated in fp32 (compiler/precision.py)
     precision: str = "fp32"
+    #: CPU: convs in the channel-blocked layout NCHW{vector lanes}c (compiler/layout.py)
+    layout: bool = True
 
     def __post_init__(self) -> None:
         precision_check(self.precision)
@@ -433,6 +438,19 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                                         name="ToPrecision")
         mod = stage("precision", [low, T.EliminateCommonSubexpr(), T.FoldConstant()], mod)
     rep.precision = options.precision
+    if options.layout and not spec.is_gpu:
+        lanes = hostcpu.host_from_target(target).fp32_lanes
+        chosen: list = []
+
+        def _blocked(m: tvm.IRModule, _ctx: object) -> tvm.IRModule:
+            out, summary = to_blocked(m, lanes)
+            chosen.append(summary)
+            return out
+
+        mod = stage("layout", [tvm.transform.module_pass(_blocked, opt_level=0, name="ToBlocked")], mod)
+        rep.layout = chosen[-1].line()
+    else:
+        rep.layout = summarise(mod, 0).line()
     rep.dtypes = dtype_census(mod) if options.precision != "fp32" else {}
     mod = _run_user_passes("before_fusion", mod, options)
 
@@ -475,8 +493,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         from .gpu_legalize import legalize_map
 
         legalize = T.LegalizeOps(customize_legalize_map=legalize_map())
-    else:
-        legalize = T.LegalizeOps()
+    else:       # the blocked convs of step 4c to their own computes (compiler/layout.py)
+        legalize = T.LegalizeOps(customize_legalize_map=layout_legalize_map())
     mod = stage("legalize", [legalize, T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
     rep.ops_before_fusion = report.count_kernels(mod)
     if options.fusion:

@@ -24,6 +24,7 @@ from ..hostcpu import HostCPU, host_from_target
 from . import approx
 from .cpu_conv import (conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise,
                        tile_in_group)
+from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
@@ -269,6 +270,9 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
+        res = _try_blocked(func, host, threads)
+        if res is not None:
+            return res
         res = _try_depthwise(func, host, threads, deinterleave=opts.depthwise_deinterleave,
                              defer_grouped=opts if opts.grouped_pointwise else None)
         if res is not None:
@@ -345,6 +349,20 @@ def _try_matmul(
             out = clamp_padded_rows(sch.mod["main"]) if padded and opts.clamp_padded_rows else sch.mod["main"]
             return out, rule, (pack if attempt_pack else None)
     return None
+
+
+def _try_blocked(func: tirx.PrimFunc, host: HostCPU, threads: int) -> tuple[tirx.PrimFunc, str, None] | None:
+    """The channel-blocked convs of the layout step (compiler/layout.py)."""
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_blocked_conv(sch, b) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1:
+        return None
+    try:
+        ok = schedule_blocked_conv(sch, infos[0], host, num_threads=threads)
+    except Exception:  # noqa: BLE001 - a form the rule does not take: the next rule gets a fresh copy
+        return None
+    rule = "pool-NCHWc" if infos[0].pool else "depthwise-conv2d-NCHWc" if infos[0].depthwise else "conv2d-NCHWc"
+    return (sch.mod["main"], rule, None) if ok else None
 
 
 def _try_depthwise(func: tirx.PrimFunc, host: HostCPU, threads: int, any_conv: bool = False,

@@ -1,0 +1,283 @@
+"""Pipeline step 4c: convolutions in a channel-blocked layout (NCHW{b}c), ONNX Runtime's NCHWc idea.
+
+Why: in NCHW a conv's output channels are ``H*W`` floats apart, so the micro-kernel's channel-vector tile is
+stored with a stride and every epilogue reads it back strided; a depthwise conv vectorises along a row, and a
+7- or 14-wide row wastes most of a 16-lane vector (MobileNet's 7x7 depthwise convs ran 2.5-4x ORT). In
+NCHW{b}c (``b`` = the vector's fp32 lanes) the ``b`` channels of one pixel are adjacent: the output tile is
+whole vector stores, a depthwise conv is one vector per tap, and weights, being constants, are reordered once
+at compile time (OIHW{b}i{b}o, depthwise OIHW{b}o).
+
+How: Relax's ConvertLayout with a per-call choice (a conv whose channels do not divide ``b`` -- the first conv
+of an RGB image, MobileNet's 24-channel stages at b=16 -- stays NCHW), which propagates the layout through the
+elementwise ops, residual adds, pooling, concat and mean, and inserts ``layout_transform`` only where a
+consumer needs NCHW; FoldConstant then packs the weights. TVM's default legaliser refuses blocked convs:
+:func:`legalize_conv2d` lowers them to the two TE computes below, which the CPU rules of
+``compiler/schedule/cpu_conv_blocked.py`` recognise. The unfused build takes the same layout decision, so fused
+against unfused still isolates fusion.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+import tvm
+from tvm import relax, te, topi
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from .schedule.tir_analysis import int_or_none
+
+_CONV = "relax.nn.conv2d"
+_TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
+_BLOCKED = re.compile(r"^NCHW(\d+)c$")
+
+
+@dataclass
+class LayoutSummary:
+    """What the layout step did, for the report."""
+
+    block: int = 0          # channels per block; 0: the step was off
+    blocked_convs: int = 0
+    convs: int = 0
+    transforms: int = 0     # layout_transform calls left on activations (weights are folded away)
+    macs: int = 0           # multiply-accumulates of the blocked convs
+    moved: int = 0          # elements the transforms at the model's edges (its inputs and outputs) copy
+    kept_nchw: str = ""     # why the blocked module was not used
+
+    def line(self) -> str:
+        if not self.block:
+            return "layout: NCHW (step off)"
+        if self.kept_nchw:
+            return f"layout: NCHW ({self.kept_nchw})"
+        return (f"layout: NCHW{self.block}c for {self.blocked_convs} of {self.convs} convs, "
+                f"{self.transforms} layout transforms on activations")
+
+
+#: Blocked-conv multiply-accumulates each element transformed at the model's edges must pay for. A transform
+#: costs ~0.55 ns an element (a strided gather: 144x56x56 in 272 us) and blocking saves ~10% of a dense conv
+#: at ~125 GMAC/s (0.008 ns a MAC): ~690 MACs an element break even (Zen5, 2 threads). Measured: conv_bn_relu
+#: (one 64-channel 3x3 conv at 56x56, NCHW in and out: 115 M MACs for 400 K moved) ran 1.23x ORT blocked and
+#: 0.97x in NCHW. Transforms inside the network are not counted: MobileNet-V2's around its 24-channel stages
+#: move 1.6 M elements for 260 M MACs, and it still ran 1.26x ORT blocked vs 1.39x in NCHW (its depthwise
+#: convs gain far more than 10%); ResNet-18/50 and SqueezeNet read their 3-channel input directly.
+MIN_MACS_PER_MOVED = 700
+
+
+def _static(shape: relax.ShapeExpr | None) -> list[int] | None:
+    if shape is None:
+        return None
+    dims = [int_or_none(v) for v in shape.values]
+    return None if any(d is None for d in dims) else dims  # type: ignore[return-value]
+
+
+def conv_layout(call: relax.Call, block: int) -> list[str] | None:
+    """[data, kernel(, output)] layouts for one NCHW conv in blocks of ``block`` channels, or None to keep it NCHW:
+    a dense conv needs both channel counts divisible, a depthwise conv (groups == channels, multiplier 1) its
+    channels; other grouped convs and symbolic channel or spatial sizes stay NCHW."""
+    attrs = call.attrs
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW":
+        return None
+    data, weight = (_static(a.ty.shape) if isinstance(a.ty, relax.TensorType) else None for a in call.args[:2])
+    if data is None or weight is None or len(data) != 4:
+        return None
+    c_in, c_out, groups = data[1], weight[0], int(attrs.groups)
+    if groups == 1 and c_in % block == 0 and c_out % block == 0:
+        return [f"NCHW{block}c", f"OIHW{block}i{block}o"]
+    if groups == 1 and c_in < block and c_out % block == 0:
+        # the first conv of an image (3 channels): NCHW read directly, NCHW{b}c written, as MLAS does; a
+        # transform after it fed ResNet's max pool through an index map no pool rule took (3.5 ms of 16)
+        return ["NCHW", f"OIHW{block}o", f"NCHW{block}c"]
+    if groups == c_in == c_out and c_in % block == 0:
+        return [f"NCHW{block}c", f"OIHW{block}o"]
+    return None
+
+
+def _bound(arg: relax.Expr) -> float | None:
+    """A clip bound given as a constant PrimValue, else None."""
+    value = getattr(arg, "value", None)       # FloatImm.value, or PrimValue.value.value
+    value = value if isinstance(value, (int, float)) else getattr(value, "value", None)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _clip_as_min_max(func: relax.Function) -> relax.Function:
+    """clip(x, lo, hi) on an NCHW tensor -> minimum(maximum(x, lo), hi), the bounds as [1, C, 1, 1] constants
+    (a rank-0 operand fails ConvertLayout's broadcast rule): ConvertLayout has no layout rule for clip and
+    put two transforms around every ReLU6 (MobileNet-V2: 64 transforms, the model 2.6x ORT)."""
+    pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
+
+    def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
+        call = matches[pattern]
+        lo, hi = _bound(call.args[1]), _bound(call.args[2])
+        x = call.args[0]
+        dims = _static(x.ty.shape) if isinstance(x.ty, relax.TensorType) else None
+        if lo is None or hi is None or dims is None or len(dims) != 4:
+            return expr
+        dtype = str(x.ty.dtype)
+        shape = (1, dims[1], 1, 1)
+        return relax.op.minimum(relax.op.maximum(x, relax.const(np.full(shape, lo, dtype))),
+                                relax.const(np.full(shape, hi, dtype)))
+
+    return rewrite_call(pattern, rewrite, func)
+
+
+def _min_max_as_clip(func: relax.Function) -> relax.Function:
+    """The inverse, after the layout is chosen: the conv patterns match ReLU6 and HardSwish by their clip."""
+    x, lo, hi = wildcard(), is_const(), is_const()
+    pattern = is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+
+    def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
+        lo_v, hi_v = (matches[c].value.numpy() for c in (lo, hi))
+        if lo_v.size == 0 or hi_v.size == 0 or (lo_v != lo_v.flat[0]).any() or (hi_v != hi_v.flat[0]).any():
+            return expr      # a real elementwise min/max, not a clip
+        dtype = str(lo_v.dtype)
+        return relax.op.clip(matches[x], relax.prim_value(tvm.tirx.FloatImm(dtype, float(lo_v.flat[0]))),
+                             relax.prim_value(tvm.tirx.FloatImm(dtype, float(hi_v.flat[0]))))
+
+    return rewrite_call(pattern, rewrite, func)
+
+
+def _each_function(mod: tvm.IRModule, fn) -> tvm.IRModule:  # noqa: ANN001
+    out = mod.clone() if hasattr(mod, "clone") else mod
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            out[gv] = fn(func)
+    return out
+
+
+def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSummary]:
+    """Every convertible conv in NCHW{block}c, the layout propagated, weights packed by FoldConstant; the
+    NCHW module back when its transforms would cost more than blocking saves (MIN_MACS_PER_MOVED)."""
+    blocked = _convert(mod, block)
+    summary = summarise(blocked, block)
+    if summary.blocked_convs == 0:
+        summary.kept_nchw = "no conv has channels in whole blocks of " + str(block)
+        return mod, summary
+    if summary.macs < MIN_MACS_PER_MOVED * summary.moved:
+        summary.kept_nchw = (f"NCHW{block}c would transform {summary.moved / 1e3:.0f} K elements for "
+                             f"{summary.macs / 1e6:.0f} M conv MACs, under {MIN_MACS_PER_MOVED} a element")
+        return mod, summary
+    return blocked, summary
+
+
+def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
+
+    def choose(call: relax.Call) -> dict[str, list[str]]:
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name != _CONV:
+            return {}
+        # A conv kept in NCHW says so: with no layout asked, ConvertLayout carried a blocked input into it and
+        # failed ("Layouts must have the same size": MobileNet's 96 -> 24 conv after a blocked ReLU6).
+        return {_CONV: conv_layout(call, block) or ["NCHW", "OIHW"]}
+
+    mod = _each_function(mod, _clip_as_min_max)
+    mod = relax.transform.ConvertLayout({}, choose)(mod)
+    mod = relax.transform.FoldConstant()(relax.transform.Normalize()(mod))
+    return _each_function(mod, _min_max_as_clip)
+
+
+def summarise(mod: tvm.IRModule, block: int) -> LayoutSummary:
+    """Count blocked convs, all convs and the layout transforms left on activations."""
+    summary = LayoutSummary(block=block)
+    conv_op = tvm.ir.Op.get(_CONV)
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.same_as(conv_op):
+                summary.convs += 1
+                if _BLOCKED.match(str(expr.attrs.out_layout)):
+                    summary.blocked_convs += 1
+                    out, weight = _static(expr.ty.shape), _static(expr.args[1].ty.shape)
+                    if out is not None and weight is not None:   # every output element: C_in/g * kh * kw MACs
+                        per_out = math.prod(weight[1:4]) * (weight[4] if len(weight) == 6 else 1)
+                        summary.macs += math.prod(out) * per_out
+            elif expr.op.same_as(_TRANSFORM) and not isinstance(expr.args[0], tvm.ir.Constant):
+                summary.transforms += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+            summary.moved += _edge_elements(func)
+    return summary
+
+
+def _edge_elements(func: relax.Function) -> int:
+    """Elements copied by transforms of a parameter or into a value leaving the dataflow block (the model's
+    inputs and outputs: costs nothing inside the network amortises)."""
+    params = {p for p in func.params}
+    total = 0
+    for block in getattr(func.body, "blocks", []):
+        for binding in block.bindings:
+            value = binding.value
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.same_as(_TRANSFORM)):
+                continue
+            if value.args[0] in params or not isinstance(binding.var, relax.DataflowVar):
+                dims = _static(value.ty.shape)
+                total += math.prod(dims) if dims is not None else 0
+    return total
+
+
+# ----------------------------------------------------------------------------- legalisation
+
+def _blocked_conv_te(data: te.Tensor, weight: te.Tensor, strides, padding, dilation,  # noqa: ANN001
+                     depthwise: bool, out_dtype: str) -> te.Tensor:
+    """``O[n, f, y, x, fi] = sum I[n, rc, ., ., ri] * W[f, rc, ky, kx, ri, fi]`` (dense) or
+    ``O[n, c, y, x, ci] = sum I[n, c, ., ., ci] * W[c, 0, ky, kx, ci]`` (depthwise), zero padding as its own
+    stage (the rules keep it materialised: inlined, every input read is a bounds-checked select)."""
+    nchw_in = len(data.shape) == 4     # the first conv: NCHW in, NCHW{b}c out, weights OIHW{b}o
+    n, ico, h, w = data.shape[:4]
+    bi = data.shape[4] if not nchw_in else None
+    pt, pl, pb, pr = (int(p) for p in padding)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    kh, kw = weight.shape[2], weight.shape[3]
+    tail = [] if nchw_in else [0]
+    pad = topi.nn.pad(data, [0, 0, pt, pl, *tail], [0, 0, pb, pr, *tail], name="pad") if pt or pl or pb or pr else data
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+
+    def cast(v):  # noqa: ANN001, ANN202 - reduced operands accumulate in out_dtype (compiler/precision.py)
+        return v if str(v.dtype) == out_dtype else v.astype(out_dtype)
+
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    if depthwise:
+        return te.compute(
+            (n, ico, oh, ow, bi),
+            lambda b, c, y, x, ci: te.sum(cast(pad[b, c, y * sh + ry * dh, x * sw + rx * dw, ci])
+                                          * cast(weight[c, 0, ry, rx, ci]), axis=[ry, rx]),
+            name="depthwise_conv2d_NCHWc")
+    oco, bo = weight.shape[0], weight.shape[-1]
+    rc = te.reduce_axis((0, ico), name="rc")
+    if nchw_in:
+        return te.compute(
+            (n, oco, oh, ow, bo),
+            lambda b, f, y, x, fi: te.sum(cast(pad[b, rc, y * sh + ry * dh, x * sw + rx * dw])
+                                          * cast(weight[f, rc, ry, rx, fi]), axis=[rc, ry, rx]),
+            name="conv2d_NCHWc")
+    ri = te.reduce_axis((0, bi), name="ri")
+    return te.compute(
+        (n, oco, oh, ow, bo),
+        lambda b, f, y, x, fi: te.sum(cast(pad[b, rc, y * sh + ry * dh, x * sw + rx * dw, ri])
+                                      * cast(weight[f, rc, ry, rx, ri, fi]), axis=[rc, ry, rx, ri]),
+        name="conv2d_NCHWc")
+
+
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A blocked conv (this step's output) to its TE compute; every other conv to TVM's own legaliser."""
+    attrs = call.attrs
+    if not _BLOCKED.match(str(attrs.out_layout)) or attrs.data_layout not in (attrs.out_layout, "NCHW"):
+        return _DEFAULT_CONV(bb, call)
+    depthwise = int(attrs.groups) > 1
+    out_dtype = str(call.ty.dtype)     # the conv's result type: out_dtype, else the data's
+    return bb.call_te(_blocked_conv_te, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
+                      depthwise, out_dtype,
+                      primfunc_name_hint="depthwise_conv2d_NCHWc" if depthwise else "conv2d_NCHWc")
+
+
+_DEFAULT_CONV = tvm.ir.Op.get(_CONV).get_attr("FLegalize")
+
+
+def legalize_map() -> dict[str, object]:
+    return {_CONV: legalize_conv2d}

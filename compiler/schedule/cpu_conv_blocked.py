@@ -1,0 +1,170 @@
+"""CPU schedules for the channel-blocked convs of the layout step (compiler/layout.py), with fused epilogue.
+
+Dense ``O[n, f, y, x, fi] += I[n, rc, ., ., ri] * W[f, rc, ky, kx, ri, fi]``: the tile is ``mr`` output columns
+x ``nb`` channel blocks, each accumulator one vector of the block's ``b`` channels (the layout's innermost
+axis, so the tile is stored whole). Every reduction step (one input channel of one tap) is ``nb`` contiguous
+weight vectors and ``mr`` broadcast inputs for ``mr * nb`` FMAs: MLAS's NCHWc kernel (4 blocks x 6 columns
+in 24 zmm) in TIR. 1x1 convs are the same loop nest with a unit tap.
+
+Depthwise ``O[n, c, y, x, ci] += I[n, c, ., ., ci] * W[c, 0, ky, kx, ci]``: one vector per tap and column,
+``mr`` columns accumulated in registers, the tap's weight vector reused over them; a 7-wide row uses every
+lane (in NCHW it used 7 of 16).
+
+The zero-padding stage stays materialised and is scheduled as a spatial block (inlined, every input read would
+be a bounds-checked select).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+
+from ..hostcpu import HostCPU
+from .cpu_elementwise import schedule_spatial_block
+from .tir_analysis import (REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all,
+                           widened_load)
+
+#: Channel blocks one dense tile may span (MLAS: 4).
+MAX_CHANNEL_BLOCKS = 4
+#: Share of the vector registers the accumulators may take; the rest hold weight vectors and the broadcast.
+ACC_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class BlockedConvInfo:
+    block: SBlockRV
+    depthwise: bool
+    blocks: int | None      # output channel blocks (f extent)
+    ow: int | None
+    lanes: int | None       # channels per block
+    pool: bool = False      # max/average pooling: the depthwise nest, no weights
+
+
+def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvInfo | None:
+    """The two computes of compiler/layout.py, recognised by iterator kinds and access pattern."""
+    block = sch.get(block_rv)
+    ivs = list(block.iter_vars)
+    kinds = "".join("R" if iv.iter_type == REDUCE else "S" for iv in ivs)
+    if kinds not in ("SSSSSRRRR", "SSSSSRRR", "SSSSSRR") or block.init is None:
+        return None
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or str(store.buffer.dtype) != "float32":
+        return None
+    val = store.value
+    var_pos = {iv.var: p for p, iv in enumerate(ivs)}
+    out_vars = simple_index_vars(store.indices)
+    if out_vars is None or [var_pos.get(v) for v in out_vars] != [0, 1, 2, 3, 4]:
+        return None
+    if not (isinstance(val, (tirx.Add, tirx.Max)) and isinstance(val.a, BufferLoad)
+            and val.a.source.same_as(store.buffer)):
+        return None
+    if kinds == "SSSSSRR" and not isinstance(val.b, tirx.Mul):
+        # pooling in the blocked layout (max, or the sum of an average): the depthwise loop nest without weights
+        loads = loads_in(val.b)      # the input, or an inline-padded read of it
+        if len(loads) != 1 or len(loads[0].indices) != 5 or not loads[0].indices[4].same_as(ivs[4].var):
+            return None
+        return BlockedConvInfo(block=block_rv, depthwise=True, blocks=int_or_none(ivs[1].dom.extent),
+                               ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent), pool=True)
+    if not (isinstance(val, tirx.Add) and isinstance(val.b, tirx.Mul)):
+        return None
+    data, weight = widened_load(val.b.a), widened_load(val.b.b)
+    if not (isinstance(data, BufferLoad) and isinstance(weight, BufferLoad)):
+        return None
+    depthwise = kinds == "SSSSSRR"
+    w_pos = [var_pos.get(v) if isinstance(v, tirx.Var) else int_or_none(v) for v in weight.indices]
+    if depthwise and (w_pos != [1, 0, 5, 6, 4] or not isinstance(weight.indices[1], tirx.IntImm)):
+        return None
+    nchw_in = kinds == "SSSSSRRR"     # the first conv: NCHW input, weights [f, rc, ky, kx, fi]
+    if not depthwise and w_pos != ([1, 5, 6, 7, 4] if nchw_in else [1, 5, 6, 7, 8, 4]):
+        return None
+    if len(data.indices) != (4 if nchw_in else 5):
+        return None
+    return BlockedConvInfo(block=block_rv, depthwise=depthwise, blocks=int_or_none(ivs[1].dom.extent),
+                           ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent))
+
+
+def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | None:
+    """(mr output columns, nb channel blocks) maximising the accumulator count ``mr * nb`` within the budget
+    (ties: more columns, so each weight vector is reused more); depthwise tiles have ``nb`` = 1."""
+    if info.ow is None or info.blocks is None or info.lanes is None:
+        return None
+    vectors = -(-info.lanes // host.fp32_lanes)      # an 8-lane block on AVX-512 is one (half) register
+    budget = int(host.vector_registers * ACC_SHARE) // vectors
+    best: tuple[int, int, int] | None = None
+    for nb in (1,) if info.depthwise else range(1, MAX_CHANNEL_BLOCKS + 1):
+        if info.blocks % nb:
+            continue
+        mr = max(m for m in range(1, min(budget // nb, info.ow) + 1) if info.ow % m == 0)
+        if best is None or (mr * nb, mr) > best[:2]:
+            best = (mr * nb, mr, nb)
+    return (best[1], best[2]) if best is not None else None
+
+
+def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: HostCPU, *, num_threads: int) -> bool:
+    tiles = blocked_tiles(info, host)
+    if tiles is None:
+        return False
+    mr, nb = tiles
+    name = sch.get(info.block).name_hint
+    producers = [sch.get(b).name_hint for b in sch.get_producers(info.block)]
+    blocks = try_inline_all(sch, keep=[info.block, *[sch.get_sblock(p) for p in producers]])
+    conv = sch.get_sblock(name)
+    others = [b for b in blocks if sch.get(b).name_hint not in (name, *producers)]
+    if len(others) > 1:
+        return False
+    epilogue = others[0] if others else sch.cache_write(conv, 0, "global")
+    if not loops_match_iters(sch, conv):
+        return False
+    loops = sch.get_loops(conv)
+    if info.depthwise:
+        n, f, y, x, fi, ry, rx = loops
+        xo, xi = sch.split(x, [None, mr])
+        sch.reorder(n, f, y, xo, ry, rx, xi, fi)
+        first_red = ry
+        inner: tuple = (xi,)
+    else:
+        n, f, y, x, fi, *red = loops      # red: rc, ry, rx (, ri)
+        fo, fb = sch.split(f, [None, nb])
+        xo, xi = sch.split(x, [None, mr])
+        sch.reorder(n, fo, y, xo, *red, fb, xi, fi)
+        f, first_red, inner = fo, red[0], (fb, xi)
+    sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
+    if num_threads > 1:
+        sch.parallel(sch.fuse(n, f, y))
+    for lp in inner:
+        sch.unroll(lp)
+    sch.vectorize(fi)
+    eloops = sch.get_loops(epilogue)
+    sch.vectorize(eloops[-1])
+    for lp in eloops[-3:-1]:
+        if int_or_none(sch.get(lp).extent) not in (None, 1):
+            sch.unroll(lp)
+    for prod in producers:
+        pad = sch.get_sblock(prod)
+        if info.depthwise and num_threads > 1:
+            # The padded rows one output row reads (kh x padded width x lanes, a few KiB), built per row in
+            # the parallel task and read from L1: a materialised pad was a full extra pass, more time than
+            # the depthwise conv itself (144 channels 3x3 s2 at 56x56: 244 us of kernel, Zen5).
+            sch.compute_at(pad, sch.get_loops(conv)[0], preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(pad)[-1])
+        elif info.depthwise:
+            sch.compute_at(pad, sch.get_loops(conv)[2], preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(pad)[-1])
+        else:
+            _schedule_blocked_copy(sch, pad, num_threads)
+    init = sch.decompose_reduction(conv, first_red)
+    iloops = sch.get_loops(init)
+    if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
+        sch.vectorize(iloops[-1])
+    return True
+
+
+def _schedule_blocked_copy(sch: s_tir.Schedule, blk: SBlockRV, num_threads: int) -> None:
+    """A 5-D blocked copy (the zero padding): the lanes axis vectorised alone, rows in parallel. Fused with the
+    rest, each vector's index needed a div/mod chain per lane."""
+    loops = sch.get_loops(blk)
+    sch.vectorize(loops[-1])
+    if num_threads > 1 and len(loops) > 2:
+        sch.parallel(sch.fuse(*loops[:-2]))
