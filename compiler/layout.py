@@ -28,6 +28,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from .passes import FoldConstantMoves
 from .schedule.tir_analysis import int_or_none
 
 _CONV = "relax.nn.conv2d"
@@ -150,7 +151,13 @@ def _each_function(mod: tvm.IRModule, fn) -> tvm.IRModule:  # noqa: ANN001
 def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSummary]:
     """Every convertible conv in NCHW{block}c, the layout propagated, weights packed by FoldConstant; the
     NCHW module back when its transforms would cost more than blocking saves (MIN_MACS_PER_MOVED)."""
-    blocked = _convert(mod, block)
+    if not _has_conv(mod):
+        return mod, LayoutSummary(block=block, kept_nchw="no conv")
+    try:
+        blocked = _convert(mod, block)
+    except Exception as err:  # noqa: BLE001 - TVM's ConvertLayout failing on a graph: NCHW is always right
+        first = str(err).strip().splitlines()[-1][:160] if str(err).strip() else type(err).__name__
+        return mod, LayoutSummary(block=block, kept_nchw=f"ConvertLayout failed: {first}")
     summary = summarise(blocked, block)
     if summary.blocked_convs == 0:
         summary.kept_nchw = "no conv has channels in whole blocks of " + str(block)
@@ -160,6 +167,19 @@ def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSumma
                              f"{summary.macs / 1e6:.0f} M conv MACs, under {MIN_MACS_PER_MOVED} a element")
         return mod, summary
     return blocked, summary
+
+
+def _has_conv(mod: tvm.IRModule) -> bool:
+    conv_op, found = tvm.ir.Op.get(_CONV), []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(conv_op):
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
@@ -173,7 +193,7 @@ def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
 
     mod = _each_function(mod, _clip_as_min_max)
     mod = relax.transform.ConvertLayout({}, choose)(mod)
-    mod = relax.transform.FoldConstant()(relax.transform.Normalize()(mod))
+    mod = FoldConstantMoves(relax.transform.Normalize()(mod))      # the weights packed, in numpy
     return _each_function(mod, _min_max_as_clip)
 
 
@@ -203,16 +223,22 @@ def summarise(mod: tvm.IRModule, block: int) -> LayoutSummary:
 
 
 def _edge_elements(func: relax.Function) -> int:
-    """Elements copied by transforms of a parameter or into a value leaving the dataflow block (the model's
-    inputs and outputs: costs nothing inside the network amortises)."""
+    """Elements copied by transforms of a parameter (or a cast of one: reduced-precision builds cast inputs
+    first) or into a value leaving the dataflow block: the model's inputs and outputs, costs nothing inside
+    the network amortises."""
     params = {p for p in func.params}
+    astype = tvm.ir.Op.get("relax.astype")
     total = 0
     for block in getattr(func.body, "blocks", []):
+        casts_of_params = set()
         for binding in block.bindings:
             value = binding.value
-            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.same_as(_TRANSFORM)):
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)):
                 continue
-            if value.args[0] in params or not isinstance(binding.var, relax.DataflowVar):
+            if value.op.same_as(astype) and (value.args[0] in params or value.args[0] in casts_of_params):
+                casts_of_params.add(binding.var)
+            elif value.op.same_as(_TRANSFORM) and (value.args[0] in params or value.args[0] in casts_of_params
+                                                   or not isinstance(binding.var, relax.DataflowVar)):
                 dims = _static(value.ty.shape)
                 total += math.prod(dims) if dims is not None else 0
     return total

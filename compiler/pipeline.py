@@ -1,7 +1,8 @@
 """The whole compiler pipeline, in order, in one place.
 
     import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
-    1  FoldConstant                 materialise weights built by ConstantOfShape/Expand/...
+    1  FoldConstantMoves, FoldConstant   reshapes/transposes of weights in numpy, then materialise weights built
+                                    by ConstantOfShape/Expand/...
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
@@ -58,7 +59,7 @@ from .layout import legalize_map as layout_legalize_map, summarise, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
 from .precision import check as precision_check, dtype_census, to_precision
-from .passes import ExpandSmallPowers, FoldBatchNorm, NormalizeFlattenedGemm, apply_replacements
+from .passes import ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -426,7 +427,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {k: tvm.tirx.IntImm("int64", v)
                                                                     for k, v in bounds.items()})
     rep.dynamic = [str(d) for d in options.dynamic]
-    mod = stage("fold_constant", [T.FoldConstant()], mod)
+    mod = stage("fold_constant", [FoldConstantMoves, T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers], mod)
     if options.bn_folding:
         mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
