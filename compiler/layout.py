@@ -26,10 +26,8 @@ import numpy as np
 
 import tvm
 from tvm import relax, te, topi
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from .passes import FoldConstantMoves
-from .schedule.tir_analysis import int_or_none
+from .passes import FoldConstantMoves, each_relax_function, static_dims
 
 _CONV = "relax.nn.conv2d"
 _TRANSFORM = tvm.ir.Op.get("relax.layout_transform")
@@ -67,13 +65,6 @@ class LayoutSummary:
 MIN_MACS_PER_MOVED = 700
 
 
-def _static(shape: relax.ShapeExpr | None) -> list[int] | None:
-    if shape is None:
-        return None
-    dims = [int_or_none(v) for v in shape.values]
-    return None if any(d is None for d in dims) else dims  # type: ignore[return-value]
-
-
 def conv_layout(call: relax.Call, block: int) -> list[str] | None:
     """[data, kernel(, output)] layouts for one NCHW conv in blocks of ``block`` channels, or None to keep it NCHW:
     a dense conv needs both channel counts divisible, a depthwise conv (groups == channels, multiplier 1) its
@@ -81,7 +72,7 @@ def conv_layout(call: relax.Call, block: int) -> list[str] | None:
     attrs = call.attrs
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW":
         return None
-    data, weight = (_static(a.ty.shape) if isinstance(a.ty, relax.TensorType) else None for a in call.args[:2])
+    data, weight = (static_dims(a) for a in call.args[:2])
     if data is None or weight is None or len(data) != 4:
         return None
     c_in, c_out, groups = data[1], weight[0], int(attrs.groups)
@@ -103,49 +94,58 @@ def _bound(arg: relax.Expr) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _clip_as_min_max(func: relax.Function) -> relax.Function:
+@relax.expr_functor.mutator
+class _ClipAsMinMax(relax.PyExprMutator):
     """clip(x, lo, hi) on an NCHW tensor -> minimum(maximum(x, lo), hi), the bounds as [1, C, 1, 1] constants
     (a rank-0 operand fails ConvertLayout's broadcast rule): ConvertLayout has no layout rule for clip and
-    put two transforms around every ReLU6 (MobileNet-V2: 64 transforms, the model 2.6x ORT)."""
-    pattern = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
+    put two transforms around every ReLU6 (MobileNet-V2: 64 transforms, the model 2.6x ORT). Call-level
+    mutators, not rewrite_call: that also canonicalised bindings and could leave a DataflowVar as a block's
+    output (ill-formed)."""
 
-    def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
-        call = matches[pattern]
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
+            return call
         lo, hi = _bound(call.args[1]), _bound(call.args[2])
         x = call.args[0]
-        dims = _static(x.ty.shape) if isinstance(x.ty, relax.TensorType) else None
+        dims = static_dims(x)
         if lo is None or hi is None or dims is None or len(dims) != 4:
-            return expr
-        dtype = str(x.ty.dtype)
-        shape = (1, dims[1], 1, 1)
-        return relax.op.minimum(relax.op.maximum(x, relax.const(np.full(shape, lo, dtype))),
-                                relax.const(np.full(shape, hi, dtype)))
-
-    return rewrite_call(pattern, rewrite, func)
+            return call
+        dtype, shape = str(x.ty.dtype), (1, dims[1], 1, 1)
+        low = self.builder_.emit(relax.op.maximum(x, relax.const(np.full(shape, lo, dtype))))
+        return relax.op.minimum(low, relax.const(np.full(shape, hi, dtype)))
 
 
-def _min_max_as_clip(func: relax.Function) -> relax.Function:
-    """The inverse, after the layout is chosen: the conv patterns match ReLU6 and HardSwish by their clip."""
-    x, lo, hi = wildcard(), is_const(), is_const()
-    pattern = is_op("relax.minimum")(is_op("relax.maximum")(x, lo), hi)
+@relax.expr_functor.mutator
+class _MinMaxAsClip(relax.PyExprMutator):
+    """The inverse, after the layout is chosen: the conv patterns match ReLU6 and HardSwish by their clip.
+    The maximum left unused is removed by the DeadCodeElimination after it."""
 
-    def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
-        lo_v, hi_v = (matches[c].value.numpy() for c in (lo, hi))
-        if lo_v.size == 0 or hi_v.size == 0 or (lo_v != lo_v.flat[0]).any() or (hi_v != hi_v.flat[0]).any():
-            return expr      # a real elementwise min/max, not a clip
-        dtype = str(lo_v.dtype)
-        return relax.op.clip(matches[x], relax.prim_value(tvm.tirx.FloatImm(dtype, float(lo_v.flat[0]))),
-                             relax.prim_value(tvm.tirx.FloatImm(dtype, float(hi_v.flat[0]))))
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.minimum" and _uniform(call.args[1]) is not None):
+            return call
+        inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        if not (isinstance(inner, relax.Call) and isinstance(inner.op, tvm.ir.Op)
+                and inner.op.name == "relax.maximum" and _uniform(inner.args[1]) is not None):
+            return call
+        lo, hi = (float(_uniform(c).flat[0]) for c in (inner.args[1], call.args[1]))  # type: ignore[union-attr]
+        dtype = str(call.ty.dtype)
+        return relax.op.clip(inner.args[0], relax.prim_value(tvm.tirx.FloatImm(dtype, lo)),
+                             relax.prim_value(tvm.tirx.FloatImm(dtype, hi)))
 
-    return rewrite_call(pattern, rewrite, func)
+
+def _uniform(expr: relax.Expr) -> np.ndarray | None:
+    """The values of a constant whose elements are all equal (a clip bound), else None."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return None
+    values = expr.value.numpy()
+    return values if values.size and (values == values.flat[0]).all() else None
 
 
-def _each_function(mod: tvm.IRModule, fn) -> tvm.IRModule:  # noqa: ANN001
-    out = mod.clone() if hasattr(mod, "clone") else mod
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            out[gv] = fn(func)
-    return out
+def _each(mutator: type, mod: tvm.IRModule) -> tvm.IRModule:
+    visitor = mutator(mod)
+    return each_relax_function(mod, visitor.visit_expr)
 
 
 def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSummary]:
@@ -191,10 +191,11 @@ def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
         # failed ("Layouts must have the same size": MobileNet's 96 -> 24 conv after a blocked ReLU6).
         return {_CONV: conv_layout(call, block) or ["NCHW", "OIHW"]}
 
-    mod = _each_function(mod, _clip_as_min_max)
+    mod = _each(_ClipAsMinMax, mod)
     mod = relax.transform.ConvertLayout({}, choose)(mod)
-    mod = FoldConstantMoves(relax.transform.Normalize()(mod))      # the weights packed, in numpy
-    return _each_function(mod, _min_max_as_clip)
+    # the weights packed in numpy, then FoldConstant only propagates the constants into their uses (cheap now)
+    mod = relax.transform.FoldConstant()(FoldConstantMoves(relax.transform.Normalize()(mod)))
+    return relax.transform.DeadCodeElimination(["main"])(_each(_MinMaxAsClip, mod))
 
 
 def summarise(mod: tvm.IRModule, block: int) -> LayoutSummary:
@@ -208,7 +209,7 @@ def summarise(mod: tvm.IRModule, block: int) -> LayoutSummary:
                 summary.convs += 1
                 if _BLOCKED.match(str(expr.attrs.out_layout)):
                     summary.blocked_convs += 1
-                    out, weight = _static(expr.ty.shape), _static(expr.args[1].ty.shape)
+                    out, weight = static_dims(expr), static_dims(expr.args[1])
                     if out is not None and weight is not None:   # every output element: C_in/g * kh * kw MACs
                         per_out = math.prod(weight[1:4]) * (weight[4] if len(weight) == 6 else 1)
                         summary.macs += math.prod(out) * per_out
@@ -239,7 +240,7 @@ def _edge_elements(func: relax.Function) -> int:
                 casts_of_params.add(binding.var)
             elif value.op.same_as(_TRANSFORM) and (value.args[0] in params or value.args[0] in casts_of_params
                                                    or not isinstance(binding.var, relax.DataflowVar)):
-                dims = _static(value.ty.shape)
+                dims = static_dims(value)
                 total += math.prod(dims) if dims is not None else 0
     return total
 
