@@ -94,6 +94,26 @@ def _bound(arg: relax.Expr) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                     "relax.minimum"})
+
+
+def _full_rank_constants(call: relax.Call) -> relax.Call:
+    """A constant operand of lower rank than the NCHW tensor beside it (ONNX broadcasting: a BatchNorm exported
+    as Mul/Add by a [C, 1, 1] constant) reshaped to rank 4: ConvertLayout's broadcast rule needs equal ranks
+    and put a transform on each side of every such op (DenseNet-121: 239 transforms, 1.35x ORT vs 0.91x)."""
+    a, b = call.args[0], call.args[1]
+    dims_a, dims_b = static_dims(a), static_dims(b)
+    if dims_a is None or dims_b is None:
+        return call
+    for const, dims, other in ((b, dims_b, dims_a), (a, dims_a, dims_b)):
+        if isinstance(const, tvm.ir.Constant) and len(other) == 4 and 0 < len(dims) < 4:
+            full = relax.const(const.value.numpy().reshape([1] * (4 - len(dims)) + list(dims)))
+            args = [a, full] if const is b else [full, b]
+            return relax.Call(call.op, args, call.attrs, call.ty_args)
+    return call
+
+
 @relax.expr_functor.mutator
 class _ClipAsMinMax(relax.PyExprMutator):
     """clip(x, lo, hi) on an NCHW tensor -> minimum(maximum(x, lo), hi), the bounds as [1, C, 1, 1] constants
@@ -104,6 +124,8 @@ class _ClipAsMinMax(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
         call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _BINARY:
+            return _full_rank_constants(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
             return call
         lo, hi = _bound(call.args[1]), _bound(call.args[2])

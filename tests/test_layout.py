@@ -152,3 +152,23 @@ def test_a_layout_failure_keeps_the_model_nchw_and_says_why(monkeypatch: pytest.
     monkeypatch.setattr(layout, "_convert", broken)
     built = _build_and_check(_conv_model(32, 64, 14, 3), 32, 14)
     assert built.report.layout == "layout: NCHW (ConvertLayout failed: Check failed: something TVM refuses)"
+
+
+def test_rank3_constants_keep_the_layout(always_block: None) -> None:
+    """conv -> Mul/Add by [C, 1, 1] constants (a BatchNorm exported as ONNX broadcasting ops, DenseNet's
+    pre-activation) -> Relu -> conv: the constants are raised to rank 4 so the layout carries through them
+    (left at rank 3, ConvertLayout put a transform on each side: 239 of them in DenseNet-121)."""
+    rng = np.random.default_rng(0)
+    c = 32
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.2).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal((c, 1, 1)).astype(np.float32), "s"),
+             numpy_helper.from_array(rng.standard_normal((c, 1, 1)).astype(np.float32), "t")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, kernel_shape=[3, 3]),
+             helper.make_node("Mul", ["y", "s"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["z"])]
+    graph = helper.make_graph(nodes, "bn_as_ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 28, 28])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c, 28, 28])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    built = _build_and_check(model, c, 28)
+    assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
