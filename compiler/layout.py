@@ -10,9 +10,9 @@ at compile time (OIHW{b}i{b}o, depthwise OIHW{b}o).
 How: Relax's ConvertLayout with a per-call choice (a conv whose channels do not divide ``b`` -- the first conv
 of an RGB image, MobileNet's 24-channel stages at b=16 -- stays NCHW), which propagates the layout through the
 elementwise ops, residual adds, pooling, concat and mean, and inserts ``layout_transform`` only where a
-consumer needs NCHW; FoldConstant then packs the weights. TVM's default legaliser refuses blocked convs:
-:func:`legalize_conv2d` lowers them to the two TE computes below, which the CPU rules of
-``compiler/schedule/cpu_conv_blocked.py`` recognise. The unfused build takes the same layout decision, so fused
+consumer needs NCHW; the weights are then packed in numpy (passes.FoldConstantMoves). TVM's default
+legaliser refuses blocked convs: :func:`legalize_conv2d` lowers them to the TE computes below, which the CPU
+rules of ``compiler/schedule/cpu_conv_blocked.py`` recognise. The unfused build takes the same layout decision, so fused
 against unfused still isolates fusion.
 """
 
@@ -171,9 +171,9 @@ def _each(mutator: type, mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSummary]:
-    """Every convertible conv in NCHW{block}c, the layout propagated, weights packed by FoldConstant; the
+    """Every convertible conv in NCHW{block}c, the layout propagated, weights packed at compile time; the
     NCHW module back when its transforms would cost more than blocking saves (MIN_MACS_PER_MOVED)."""
-    if not _has_conv(mod):
+    if summarise(mod, block).convs == 0:
         return mod, LayoutSummary(block=block, kept_nchw="no conv")
     try:
         blocked = _convert(mod, block)
@@ -191,21 +191,7 @@ def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSumma
     return blocked, summary
 
 
-def _has_conv(mod: tvm.IRModule) -> bool:
-    conv_op, found = tvm.ir.Op.get(_CONV), []
-
-    def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.same_as(conv_op):
-            found.append(expr)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return bool(found)
-
-
 def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
-
     def choose(call: relax.Call) -> dict[str, list[str]]:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != _CONV:
             return {}

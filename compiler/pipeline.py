@@ -55,7 +55,7 @@ from . import cost, decisions, hostcpu, patterns, progress, report
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
-from .layout import legalize_map as layout_legalize_map, summarise, to_blocked
+from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
 from .precision import check as precision_check, dtype_census, to_precision
@@ -451,7 +451,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod = stage("layout", [tvm.transform.module_pass(_blocked, opt_level=0, name="ToBlocked")], mod)
         rep.layout = chosen[-1].line()
     else:
-        rep.layout = summarise(mod, 0).line()
+        rep.layout = LayoutSummary().line()
     rep.dtypes = dtype_census(mod) if options.precision != "fp32" else {}
     mod = _run_user_passes("before_fusion", mod, options)
 
