@@ -20,8 +20,9 @@
                                    a reason, and stamped with that decision
        5c replacements             hand-written kernels for groups that have one (attention)
        user passes "after_fusion"
-    6  LegalizeOps, AnnotateTIROpPattern, FoldConstant     Relax ops -> TIR PrimFuncs (CUDA: grouped convs as
-                                                        batched GEMMs, compiler/gpu_legalize.py)
+    6  DispatchSortScan, LegalizeOps, AnnotateTIROpPattern, FoldConstant   Relax ops -> TIR PrimFuncs
+                                    (scans, sorts and sampling by TVM's dispatchers first; CUDA: grouped convs
+                                    as batched GEMMs, compiler/gpu_legalize.py)
     7  FuseOps, FuseTIR             generic fusion of the rest, one PrimFunc per group          [fusion]
        user passes "after_tir_fusion"
     8  schedules                    CPU: compiler.schedule.cpu; CUDA: dlight GPU rules         [schedule]
@@ -496,7 +497,10 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         legalize = T.LegalizeOps(customize_legalize_map=legalize_map())
     else:       # the blocked convs of step 4c to their own computes (compiler/layout.py)
         legalize = T.LegalizeOps(customize_legalize_map=layout_legalize_map())
-    mod = stage("legalize", [legalize, T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
+    # cumsum/cumprod, sort/argsort/topk and sampling have no LegalizeOps rule: TVM's backends dispatch them to
+    # their TE/TIR kernels first (a RoBERTa export's position ids, CumSum, reached codegen as R.cumsum)
+    dispatch = [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
+    mod = stage("legalize", [*dispatch, legalize, T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
     rep.ops_before_fusion = report.count_kernels(mod)
     if options.fusion:
         legalized = mod

@@ -180,3 +180,44 @@ def test_normalising_rewrites_keep_provenance() -> None:
             assert provenance_of([name], imported), f"{op} bound to untagged {name!r}"
     assert set(provenance_of(calls["relax.matmul"], imported)) >= {"conv1d"}
     assert set(provenance_of(calls["relax.multiply"], imported)) == {"cube"}
+
+
+def _scan_sort_model() -> "onnx.ModelProto":
+    """RoBERTa's position ids (CumSum over a padding mask) and a TopK: ops with no LegalizeOps rule."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Constant", [], ["pad"], value=helper.make_tensor("pad", TensorProto.INT64, [], [1])),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("axis", TensorProto.INT64, [], [1])),
+        helper.make_node("Constant", [], ["k"], value=helper.make_tensor("k", TensorProto.INT64, [1], [3])),
+        helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["keep"]),
+        helper.make_node("Cast", ["keep"], ["keep_i"], to=TensorProto.INT32),
+        helper.make_node("CumSum", ["keep_i", "axis"], ["csum"]),
+        helper.make_node("Mul", ["csum", "keep_i"], ["positions"]),
+        helper.make_node("TopK", ["scores", "k"], ["top", "top_i"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "scan_sort",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 16]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 10])],
+        [helper.make_tensor_value_info("positions", TensorProto.INT32, [2, 16]),
+         helper.make_tensor_value_info("top", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("top_i", TensorProto.INT64, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_scans_and_sorts_build_and_match(fusion: bool) -> None:
+    """CumSum and TopK reach their TE kernels through TVM's dispatchers (a RoBERTa export failed codegen on an
+    unlowered R.cumsum) and agree with ONNX Runtime."""
+    from compiler.onnx_loader import load
+
+    model = _scan_sort_model()
+    rng = np.random.default_rng(0)
+    inputs = {"ids": rng.integers(0, 4, (2, 16)).astype(np.int64),
+              "scores": rng.permutation(20).reshape(2, 10).astype(np.float32)}   # distinct: a unique top 3
+    ref = run_onnxruntime(load(model).model, inputs)
+    out = compile_model(load(model), options=CompileOptions(fusion=fusion)).run(inputs)
+    for got, want in zip(out, ref.values()):
+        np.testing.assert_array_equal(got, want)
