@@ -20,7 +20,7 @@ def _params() -> list:
 def test_zoo_is_committed() -> None:
     names = {m.name for m in zoo_models()}
     assert {"resnet18", "mobilenet_v2", "shufflenet_v2_x1_0", "vit_tiny", "bert_tiny", "gpt2_tiny",
-            "llama_tiny", "resnet18_dynamo", "bert_tiny_dynamo"} <= names
+            "llama_tiny", "resnet18_dynamo", "bert_tiny_dynamo", "roberta_tiny"} <= names
 
 
 @pytest.mark.parametrize("model", _params())
@@ -36,7 +36,8 @@ def test_zoo_model_verifies(model, verify_model) -> None:
 #: computed mask (GPT-2 and LLaMA causal through Where, LLaMA after rotary and repeated KV heads); the ViT
 #: (torch's scaled_dot_product_attention decomposed) scales Q and K^T separately, on rank-3 tensors in the
 #: TorchScript export. Each must match the attention pattern.
-ATTENTION_MODELS = ("bert_tiny", "bert_tiny_dynamo", "gpt2_tiny", "llama_tiny", "vit_tiny", "vit_tiny_dynamo")
+ATTENTION_MODELS = ("bert_tiny", "bert_tiny_dynamo", "gpt2_tiny", "llama_tiny", "roberta_tiny", "vit_tiny",
+                    "vit_tiny_dynamo")
 
 
 @pytest.mark.parametrize("name", ATTENTION_MODELS)
@@ -57,6 +58,7 @@ EXPECTED_PATTERNS = {
     "bert_tiny_dynamo": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
     "gpt2_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
     "llama_tiny": {"attention": 2, "rmsnorm": 5, "gated_mlp": 2},
+    "roberta_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},   # position ids by CumSum
 }
 
 

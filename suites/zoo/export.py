@@ -75,6 +75,10 @@ def _hf(kind: str):
             config = tf.GPT2Config(vocab_size=VOCAB, n_embd=128, n_layer=2, n_head=2, n_positions=128,
                                    use_cache=False)
             base = tf.GPT2Model(config)
+        elif kind == "roberta":     # position ids from a CumSum over the padding mask
+            config = tf.RobertaConfig(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=512, max_position_embeddings=130)
+            base = tf.RobertaModel(config, add_pooling_layer=False)
         elif kind == "llama":
             config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -122,6 +126,8 @@ SPECS: tuple[Spec, ...] = (
          tags=("attention",), vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
     Spec("gpt2_tiny", _hf("gpt2"), "transformers.GPT2Model (2 layers, hidden 128)", tags=("attention",),
          vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
+    Spec("roberta_tiny", _hf("roberta"), "transformers.RobertaModel (2 layers, hidden 128)", tags=("attention",),
+         vocab=VOCAB),
     Spec("llama_tiny", _hf("llama"), "transformers.LlamaModel (2 layers, hidden 128, 4 heads / 2 KV)",
          tags=("attention",), vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
 )
