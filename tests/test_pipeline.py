@@ -221,3 +221,36 @@ def test_scans_and_sorts_build_and_match(fusion: bool) -> None:
     out = compile_model(load(model), options=CompileOptions(fusion=fusion)).run(inputs)
     for got, want in zip(out, ref.values()):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", [
+    dict(c_in=1, c_out=32, k=10, stride=5, pads=(0, 0), groups=1, dilation=1),     # Wav2Vec2's first conv
+    dict(c_in=32, c_out=32, k=3, stride=2, pads=(1, 1), groups=1, dilation=1),     # Whisper's second
+    dict(c_in=32, c_out=32, k=8, stride=1, pads=(4, 3), groups=4, dilation=1),     # positional conv, grouped
+    dict(c_in=16, c_out=24, k=3, stride=1, pads=(2, 2), groups=1, dilation=2),
+])
+def test_conv1d_runs_as_conv2d_and_matches(case: dict) -> None:
+    """Conv1d (+bias, GELU by Erf) becomes a height-1 conv2d: no CPU rule scheduled conv1d (Wav2Vec2 30x ORT)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compiler.onnx_loader import load
+
+    rng = np.random.default_rng(0)
+    length = 97
+    w = (rng.standard_normal((case["c_out"], case["c_in"] // case["groups"], case["k"])) * 0.3).astype(np.float32)
+    out_len = (length + sum(case["pads"]) - case["dilation"] * (case["k"] - 1) - 1) // case["stride"] + 1
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(case["c_out"]).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "s2")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[case["k"]], strides=[case["stride"]],
+                              pads=list(case["pads"]), group=case["groups"], dilations=[case["dilation"]]),
+             helper.make_node("Div", ["y", "s2"], ["d"]), helper.make_node("Erf", ["d"], ["e"])]
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, case["c_in"], length])],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, case["c_out"], out_len])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = {"x": rng.standard_normal((1, case["c_in"], length)).astype(np.float32)}
+    ref = run_onnxruntime(load(model).model, x)
+    for fusion in (True, False):
+        built = compile_model(load(model), options=CompileOptions(fusion=fusion))
+        np.testing.assert_allclose(built.run(x)[0], list(ref.values())[0], rtol=1e-4, atol=1e-5)
+        assert not any("conv1d" in k for k in built.report.schedules), built.report.schedules
+        assert any("conv2d" in k for k in built.report.schedules), built.report.schedules
