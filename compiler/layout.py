@@ -68,7 +68,8 @@ MIN_MACS_PER_MOVED = 700
 def conv_layout(call: relax.Call, block: int) -> list[str] | None:
     """[data, kernel(, output)] layouts for one NCHW conv in blocks of ``block`` channels, or None to keep it NCHW:
     a dense conv needs both channel counts divisible, a depthwise conv (groups == channels, multiplier 1) its
-    channels; other grouped convs and symbolic channel or spatial sizes stay NCHW."""
+    channels, a grouped conv both per-group counts; other grouped convs and symbolic channel or spatial sizes
+    stay NCHW."""
     attrs = call.attrs
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.out_layout != "NCHW":
         return None
@@ -84,6 +85,10 @@ def conv_layout(call: relax.Call, block: int) -> list[str] | None:
         return ["NCHW", f"OIHW{block}o", f"NCHW{block}c"]
     if groups == c_in == c_out and c_in % block == 0:
         return [f"NCHW{block}c", f"OIHW{block}o"]
+    if groups > 1 and c_in % groups == 0 and (c_in // groups) % block == 0 and (c_out // groups) % block == 0:
+        # a grouped conv whose groups are whole blocks (RegNetX: 16 channels a group, ResNeXt's later stages):
+        # the dense blocked kernel, each output block reading only its group's input blocks
+        return [f"NCHW{block}c", f"OIHW{block}i{block}o"]
     return None
 
 
@@ -256,10 +261,11 @@ def _edge_elements(func: relax.Function) -> int:
 # ----------------------------------------------------------------------------- legalisation
 
 def _blocked_conv_te(data: te.Tensor, weight: te.Tensor, strides, padding, dilation,  # noqa: ANN001
-                     depthwise: bool, out_dtype: str) -> te.Tensor:
-    """``O[n, f, y, x, fi] = sum I[n, rc, ., ., ri] * W[f, rc, ky, kx, ri, fi]`` (dense) or
-    ``O[n, c, y, x, ci] = sum I[n, c, ., ., ci] * W[c, 0, ky, kx, ci]`` (depthwise), zero padding as its own
-    stage (the rules keep it materialised: inlined, every input read is a bounds-checked select)."""
+                     depthwise: bool, out_dtype: str, groups: int = 1) -> te.Tensor:
+    """``O[n, f, y, x, fi] = sum I[n, rc, ., ., ri] * W[f, rc, ky, kx, ri, fi]`` (dense; grouped: input block
+    ``g(f) * rc_blocks + rc``) or ``O[n, c, y, x, ci] = sum I[n, c, ., ., ci] * W[c, 0, ky, kx, ci]``
+    (depthwise), zero padding as its own stage (the rules keep it materialised: inlined, every input read is
+    a bounds-checked select)."""
     nchw_in = len(data.shape) == 4     # the first conv: NCHW in, NCHW{b}c out, weights OIHW{b}o
     n, ico, h, w = data.shape[:4]
     bi = data.shape[4] if not nchw_in else None
@@ -284,7 +290,7 @@ def _blocked_conv_te(data: te.Tensor, weight: te.Tensor, strides, padding, dilat
                                           * cast(weight[c, 0, ry, rx, ci]), axis=[ry, rx]),
             name="depthwise_conv2d_NCHWc")
     oco, bo = weight.shape[0], weight.shape[-1]
-    rc = te.reduce_axis((0, ico), name="rc")
+    rc = te.reduce_axis((0, weight.shape[1] if groups > 1 else ico), name="rc")
     if nchw_in:
         return te.compute(
             (n, oco, oh, ow, bo),
@@ -292,9 +298,16 @@ def _blocked_conv_te(data: te.Tensor, weight: te.Tensor, strides, padding, dilat
                                           * cast(weight[f, rc, ry, rx, fi]), axis=[rc, ry, rx]),
             name="conv2d_NCHWc")
     ri = te.reduce_axis((0, bi), name="ri")
+    out_blocks = int(oco) // groups      # output blocks per group; the weight's rc extent is its input blocks
+
+    def block_in(f, rc):  # noqa: ANN001, ANN202
+        if groups == 1:
+            return rc
+        return (f if out_blocks == 1 else f // out_blocks) * weight.shape[1] + rc
+
     return te.compute(
         (n, oco, oh, ow, bo),
-        lambda b, f, y, x, fi: te.sum(cast(pad[b, rc, y * sh + ry * dh, x * sw + rx * dw, ri])
+        lambda b, f, y, x, fi: te.sum(cast(pad[b, block_in(f, rc), y * sh + ry * dh, x * sw + rx * dw, ri])
                                       * cast(weight[f, rc, ry, rx, ri, fi]), axis=[rc, ry, rx, ri]),
         name="conv2d_NCHWc")
 
@@ -304,10 +317,11 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if not _BLOCKED.match(str(attrs.out_layout)) or attrs.data_layout not in (attrs.out_layout, "NCHW"):
         return _DEFAULT_CONV(bb, call)
-    depthwise = int(attrs.groups) > 1
+    groups = int(attrs.groups)
+    depthwise = groups > 1 and len(call.args[1].ty.shape) == 5      # OIHW{b}o; grouped weights are OIHW{b}i{b}o
     out_dtype = str(call.ty.dtype)     # the conv's result type: out_dtype, else the data's
     return bb.call_te(_blocked_conv_te, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
-                      depthwise, out_dtype,
+                      depthwise, out_dtype, 1 if depthwise else groups,
                       primfunc_name_hint="depthwise_conv2d_NCHWc" if depthwise else "conv2d_NCHWc")
 
 

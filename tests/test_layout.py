@@ -70,6 +70,8 @@ def _build_and_check(model: onnx.ModelProto, c_in: int, hw: int, *, layout_on: b
     (dict(c_in=3, c_out=32, hw=17, k=3, stride=2), "conv2d-NCHWc"),           # the first conv: NCHW in
     (dict(c_in=48, c_out=48, hw=7, k=3, groups=48), "depthwise-conv2d-NCHWc"),
     (dict(c_in=32, c_out=32, hw=9, k=5, stride=2, groups=32, act="Sigmoid"), "depthwise-conv2d-NCHWc"),
+    (dict(c_in=64, c_out=64, hw=13, k=3, groups=4), "conv2d-NCHWc"),     # grouped, 16 a group (RegNetX)
+    (dict(c_in=64, c_out=128, hw=9, k=3, stride=2, groups=2), "conv2d-NCHWc"),   # grouped, blocks a group
 ])
 def test_blocked_convs_are_right_and_take_their_rule(case: dict, rule: str, always_block: None) -> None:
     built = _build_and_check(_conv_model(**case), case["c_in"], case["hw"])
@@ -80,7 +82,7 @@ def test_blocked_convs_are_right_and_take_their_rule(case: dict, rule: str, alwa
 
 @pytest.mark.parametrize("case", [
     dict(c_in=20, c_out=36, hw=14, k=3),            # channels no block (16 or 8) divides
-    dict(c_in=32, c_out=64, hw=14, k=3, groups=2),  # grouped, not depthwise
+    dict(c_in=24, c_out=48, hw=14, k=3, groups=2),  # grouped, 12 channels a group
 ])
 def test_convs_the_layout_cannot_block_stay_nchw_and_right(case: dict, always_block: None) -> None:
     built = _build_and_check(_conv_model(**case), case["c_in"], case["hw"])
@@ -140,7 +142,9 @@ def test_conv_layout_decisions() -> None:
     assert layout.conv_layout(normal(call(64, 64, 64)), 16) == ["NCHW16c", "OIHW16o"]
     assert layout.conv_layout(normal(call(24, 64)), 16) is None
     assert layout.conv_layout(normal(call(24, 64)), 8) == ["NCHW8c", "OIHW8i8o"]
-    assert layout.conv_layout(normal(call(64, 64, 2)), 16) is None
+    assert layout.conv_layout(normal(call(64, 64, 2)), 16) == ["NCHW16c", "OIHW16i16o"]    # 32 a group
+    assert layout.conv_layout(normal(call(64, 64, 8)), 16) is None                         # 8 a group
+    assert layout.conv_layout(normal(call(64, 64, 8)), 8) == ["NCHW8c", "OIHW8i8o"]
 
 
 def test_a_layout_failure_keeps_the_model_nchw_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
@@ -40,6 +41,8 @@ class BlockedConvInfo:
     ow: int | None
     lanes: int | None       # channels per block
     pool: bool = False      # max/average pooling: the depthwise nest, no weights
+    #: a grouped conv: output blocks per group (a tile's channel blocks must share their group's input)
+    group_blocks: int | None = None
 
 
 def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvInfo | None:
@@ -82,7 +85,18 @@ def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvIn
     if len(data.indices) != (4 if nchw_in else 5):
         return None
     return BlockedConvInfo(block=block_rv, depthwise=depthwise, blocks=int_or_none(ivs[1].dom.extent),
-                           ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent))
+                           ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent),
+                           group_blocks=None if depthwise or nchw_in else _group_blocks(data.indices[1], ivs[5].var))
+
+
+def _group_blocks(channel: tirx.Expr, rc: tirx.Var) -> int | None:
+    """Output blocks per group of a grouped blocked conv, read off its input block index (``f // M * K + rc``,
+    or ``f * K + rc`` with one block a group); None for a dense conv (the index is ``rc``)."""
+    if isinstance(channel, tirx.Var) and channel.same_as(rc):
+        return None
+    divisors: list[int] = []
+    tvm_ffi.structural_walk(channel, (tirx.FloorDiv, lambda e: divisors.append(int_or_none(e.b) or 1)), order="post")
+    return divisors[0] if divisors else 1
 
 
 def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | None:
@@ -94,7 +108,7 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
     budget = int(host.vector_registers * ACC_SHARE) // vectors
     best: tuple[int, int, int] | None = None
     for nb in (1,) if info.depthwise else range(1, MAX_CHANNEL_BLOCKS + 1):
-        if info.blocks % nb:
+        if info.blocks % nb or (info.group_blocks is not None and info.group_blocks % nb):
             continue
         mr = max(m for m in range(1, min(budget // nb, info.ow) + 1) if info.ow % m == 0)
         if best is None or (mr * nb, mr) > best[:2]:
