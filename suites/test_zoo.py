@@ -59,6 +59,8 @@ EXPECTED_PATTERNS = {
     "gpt2_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
     "llama_tiny": {"attention": 2, "rmsnorm": 5, "gated_mlp": 2},
     "roberta_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},   # position ids by CumSum
+    "wav2vec2_tiny": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},  # after a conv1d front end
+    "whisper_tiny_enc": {"attention": 2, "matmul_bias_gelu": 2, "layernorm": 5},
 }
 
 

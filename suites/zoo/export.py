@@ -109,6 +109,46 @@ def _hf(kind: str):
     return make
 
 
+def _audio(kind: str):
+    """Speech encoders: their front ends are conv1d stacks (Wav2Vec2: seven strided convs on the raw wave, a
+    grouped positional conv; Whisper: two convs on the mel spectrogram)."""
+    def make():
+        import torch
+        import transformers as tf
+
+        torch.manual_seed(0)
+        if kind == "wav2vec2":
+            config = tf.Wav2Vec2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=512, conv_dim=(128,) * 7, num_conv_pos_embeddings=32,
+                                       num_conv_pos_embedding_groups=4)
+            base, x, name = tf.Wav2Vec2Model(config), torch.randn(1, 16000), "input_values"
+        elif kind == "whisper":
+            config = tf.WhisperConfig(vocab_size=VOCAB, d_model=128, encoder_layers=2, decoder_layers=2,
+                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=512,
+                                      decoder_ffn_dim=512, num_mel_bins=80, max_source_positions=1500,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+            base, x, name = tf.WhisperModel(config).encoder, torch.randn(1, 80, 3000), "input_features"
+        else:
+            raise ValueError(kind)
+        base.eval()
+        try:
+            base.config._attn_implementation = "eager"
+        except Exception:  # noqa: BLE001 - older transformers have no switch
+            pass
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.base = base
+
+            def forward(self, features):
+                return self.base(features)[0]
+
+        return Wrapped().eval(), (x,), {name: (tuple(x.shape), "float32")}
+
+    return make
+
+
 #: batch and sequence symbolic, as Hugging Face's own ONNX exports name them
 _TOKENS_DYNAMIC = {t: {0: "batch", 1: "seq"} for t in ("input_ids", "attention_mask", "output")}
 
@@ -128,6 +168,10 @@ SPECS: tuple[Spec, ...] = (
          vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
     Spec("roberta_tiny", _hf("roberta"), "transformers.RobertaModel (2 layers, hidden 128)", tags=("attention",),
          vocab=VOCAB),
+    Spec("wav2vec2_tiny", _audio("wav2vec2"), "transformers.Wav2Vec2Model (2 layers, hidden 128, 1 s of 16 kHz)",
+         tags=("attention",)),
+    Spec("whisper_tiny_enc", _audio("whisper"), "transformers.WhisperModel encoder (2 layers, d_model 128, 30 s)",
+         tags=("attention",)),
     Spec("llama_tiny", _hf("llama"), "transformers.LlamaModel (2 layers, hidden 128, 4 heads / 2 KV)",
          tags=("attention",), vocab=VOCAB, dynamic_axes=_TOKENS_DYNAMIC),
 )
