@@ -1,0 +1,70 @@
+"""Export a survey of real architectures beyond the zoo (torchvision and transformers, their own random init,
+weights kept) to check fuseguard on models the repo does not carry.
+
+    pip install -e ".[zoo]"
+    python benchmarks/export_survey.py [NAME...]          # writes $FUSEGUARD_SURVEY_DIR (default /tmp/extra)
+    fuseguard verify /tmp/extra/*.onnx && fuseguard bench /tmp/extra/*.onnx --processes 2 --repeats 8
+
+Not part of any test: the models are large and need torch (~5 GB).
+"""
+import io
+import os
+import sys
+
+import onnx
+import torch
+import torchvision
+import transformers as tf
+
+torch.manual_seed(0)
+torch.backends.mha.set_fastpath_enabled(False)
+out = os.environ.get("FUSEGUARD_SURVEY_DIR", "/tmp/extra")
+os.makedirs(out, exist_ok=True)
+
+def export(name, model, args, names, dynamo=False):
+    model.eval()
+    try:
+        with torch.no_grad():
+            if dynamo:
+                prog = torch.onnx.export(model, args, input_names=names, output_names=["output"], opset_version=18, dynamo=True)
+                prog.optimize(); proto = prog.model_proto
+            else:
+                buf = io.BytesIO()
+                torch.onnx.export(model, args, buf, input_names=names, output_names=["output"], opset_version=17, dynamo=False, do_constant_folding=True)
+                proto = onnx.load_from_string(buf.getvalue())
+        onnx.save(proto, f"{out}/{name}.onnx")
+        print(name, len(proto.graph.node), "nodes", flush=True)
+    except Exception as e:
+        print(name, "FAILED", type(e).__name__, str(e).splitlines()[0][:200], flush=True)
+
+want = set(sys.argv[1:])
+vis = ["resnext50_32x4d", "convnext_tiny", "regnet_y_400mf", "mnasnet1_0", "mobilenet_v3_large", "googlenet",
+       "squeezenet1_1", "swin_t", "efficientnet_b1", "regnet_x_800mf", "shufflenet_v2_x0_5", "mobilenet_v3_small", "densenet121"]
+for v in vis:
+    if want and v not in want: continue
+    kw = {"aux_logits": False, "init_weights": True} if v == "googlenet" else {}
+    m = getattr(torchvision.models, v)(weights=None, **kw)
+    export(v, m, (torch.randn(1, 3, 224, 224),), ["input"])
+
+class Wrap(torch.nn.Module):
+    def __init__(self, base, kw): super().__init__(); self.base = base; self.kw = kw
+    def forward(self, *a): return self.base(*a, **self.kw)[0]
+
+def hf(name, base, args, names, **kw):
+    if want and name not in want: return
+    base.eval()
+    try: base.config._attn_implementation = "eager"
+    except Exception: pass
+    export(name, Wrap(base, kw), args, names)
+
+ids = torch.randint(0, 1000, (1, 64)); mask = torch.ones(1, 64, dtype=torch.int64)
+hf("distilbert", tf.DistilBertModel(tf.DistilBertConfig(vocab_size=1000, dim=128, n_layers=2, n_heads=2, hidden_dim=512, max_position_embeddings=128)), (ids, mask), ["input_ids", "attention_mask"])
+hf("roberta", tf.RobertaModel(tf.RobertaConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, max_position_embeddings=130), add_pooling_layer=False), (ids, mask), ["input_ids", "attention_mask"])
+hf("t5_enc", tf.T5EncoderModel(tf.T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4)), (ids, mask), ["input_ids", "attention_mask"])
+hf("qwen2", tf.Qwen2Model(tf.Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("albert", tf.AlbertModel(tf.AlbertConfig(vocab_size=1000, embedding_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, max_position_embeddings=128), add_pooling_layer=False), (ids, mask), ["input_ids", "attention_mask"])
+wcfg = tf.WhisperConfig(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=512, decoder_ffn_dim=512, num_mel_bins=80, max_source_positions=1500, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+hf("whisper_enc", tf.WhisperModel(wcfg).encoder, (torch.randn(1, 80, 3000),), ["input_features"])
+w2 = tf.Wav2Vec2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, conv_dim=(128,)*7, num_conv_pos_embeddings=32, num_conv_pos_embedding_groups=4)
+hf("wav2vec2", tf.Wav2Vec2Model(w2), (torch.randn(1, 16000),), ["input_values"])
+hf("vit_hf", tf.ViTModel(tf.ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, image_size=224, patch_size=16), add_pooling_layer=False), (torch.randn(1, 3, 224, 224),), ["pixel_values"])
