@@ -96,8 +96,21 @@ def host_cpu(mcpu: str = "generic") -> Hardware:
     l2 = _sysfs_cache_bytes(2, "Unified") or 512 * KiB
     l3 = _sysfs_cache_bytes(3, "Unified") or 8 * MiB
     return Hardware("host CPU", "cpu", mcpu, 20.0, l2, 5.0, cores=cores, l1d_bytes=l1, l3_bytes=l3,
-                    vector_regs=32 if "avx512" in mcpu or mcpu in ("skylake-avx512", "icelake-server",
-                                                                   "sapphirerapids", "znver4") else 16)
+                    vector_regs=_vector_registers(mcpu))
+
+
+def _vector_registers(mcpu: str) -> int:
+    """SIMD registers of ``mcpu`` by LLVM's feature query, as the schedules decide (hostcpu.host_from_target):
+    a list of CPU names here had missed znver5 (16 instead of 32)."""
+    import tvm
+
+    from . import hostcpu
+
+    try:
+        target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    except Exception:  # noqa: BLE001 - a name LLVM does not know: the host's own registers
+        return hostcpu.detect_host().vector_registers
+    return hostcpu.host_from_target(target).vector_registers
 
 
 def for_target(kind: str, arch: str, device_name: str | None = None) -> Hardware:

@@ -472,3 +472,12 @@ def test_symbolic_kernels_go_parallel_only_when_the_call_has_the_work(target: tv
         out = tvm.runtime.tensor(np.zeros_like(x))
         lib["scale"](tvm.runtime.tensor(x), out)
         np.testing.assert_array_equal(out.numpy(), x * 2.0 + 1.0)
+
+
+@pytest.mark.parametrize("mcpu, regs", [("znver5", 32), ("znver4", 32), ("sapphirerapids", 32), ("znver3", 16),
+                                        ("haswell", 16)])
+def test_cost_model_vector_registers_follow_the_isa(mcpu: str, regs: int) -> None:
+    """The cost model's table row asks LLVM for the ISA as the schedules do (a name list had missed znver5)."""
+    from compiler.hardware import host_cpu
+
+    assert host_cpu(mcpu).vector_regs == regs
