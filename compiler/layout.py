@@ -290,7 +290,7 @@ def _blocked_conv_te(data: te.Tensor, weight: te.Tensor, strides, padding, dilat
                                           * cast(weight[c, 0, ry, rx, ci]), axis=[ry, rx]),
             name="depthwise_conv2d_NCHWc")
     oco, bo = weight.shape[0], weight.shape[-1]
-    rc = te.reduce_axis((0, weight.shape[1] if groups > 1 else ico), name="rc")
+    rc = te.reduce_axis((0, weight.shape[1]), name="rc")     # input channels (blocks) of one group
     if nchw_in:
         return te.compute(
             (n, oco, oh, ow, bo),

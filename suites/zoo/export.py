@@ -61,6 +61,28 @@ def _vision(name: str, size: int = 224, **kwargs):
     return make
 
 
+def _first_output(base, call: Callable):  # noqa: ANN001, ANN202 - torch types, imported lazily
+    """A Hugging Face model in eval mode with eager attention (the form users export: no SDPA kernel), wrapped
+    to return its first output (the hidden states); ``call(base, *inputs)`` runs it."""
+    import torch
+
+    base.eval()
+    try:
+        base.config._attn_implementation = "eager"
+    except Exception:  # noqa: BLE001 - older transformers have no switch
+        pass
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = base
+
+        def forward(self, *inputs):
+            return call(self.base, *inputs)[0]
+
+    return Wrapped().eval()
+
+
 def _hf(kind: str):
     def make():
         import torch
@@ -86,24 +108,12 @@ def _hf(kind: str):
             base = tf.LlamaModel(config)
         else:
             raise ValueError(kind)
-        base.eval()
-        try:
-            base.config._attn_implementation = "eager"      # the form users export (no SDPA kernel)
-        except Exception:  # noqa: BLE001 - older transformers have no switch
-            pass
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.base = base
-
-            def forward(self, input_ids, attention_mask):
-                out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                return out[0]
-
+        model = _first_output(base, lambda m, input_ids, attention_mask: m(input_ids=input_ids,
+                                                                          attention_mask=attention_mask,
+                                                                          use_cache=False))
         ids = torch.randint(0, VOCAB, (1, SEQ))
         mask = torch.ones(1, SEQ, dtype=torch.int64)
-        return Wrapped().eval(), (ids, mask), {"input_ids": ((1, SEQ), "int64"),
+        return model, (ids, mask), {"input_ids": ((1, SEQ), "int64"),
                                                "attention_mask": ((1, SEQ), "int64")}
 
     return make
@@ -130,21 +140,7 @@ def _audio(kind: str):
             base, x, name = tf.WhisperModel(config).encoder, torch.randn(1, 80, 3000), "input_features"
         else:
             raise ValueError(kind)
-        base.eval()
-        try:
-            base.config._attn_implementation = "eager"
-        except Exception:  # noqa: BLE001 - older transformers have no switch
-            pass
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.base = base
-
-            def forward(self, features):
-                return self.base(features)[0]
-
-        return Wrapped().eval(), (x,), {name: (tuple(x.shape), "float32")}
+        return _first_output(base, lambda m, features: m(features)), (x,), {name: (tuple(x.shape), "float32")}
 
     return make
 
