@@ -9,6 +9,7 @@ interleaved in this one process (`verify.timing.measure_interleaved`, both threa
     python benchmarks/conv_kernels.py --off conv_pointwise     # the pointwise kernel against the old one
     python benchmarks/conv_kernels.py --case 240,240,28,5,2,240,silu --off depthwise_deinterleave
     python benchmarks/conv_kernels.py --nchw                   # the blocked layout against NCHW (--no-layout)
+    python benchmarks/conv_kernels.py --force-blocked --case 512,1000,13,1,1   # a blocked kernel on its own
 
 A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu or silu).
 """
@@ -68,8 +69,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--case", action="append", default=[], help="C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (repeatable)")
     p.add_argument("--off", default=None, metavar="SWITCH", help="also time a build with this schedule switch off")
     p.add_argument("--nchw", action="store_true", help="also time the NCHW build (the layout step off)")
+    p.add_argument("--force-blocked", action="store_true",
+                   help="block every convertible conv even where its edge transforms cost more than blocking saves")
     p.add_argument("--repeats", type=int, default=25)
     args = p.parse_args(argv)
+    if args.force_blocked:
+        from compiler import layout
+        layout.MIN_MACS_PER_MOVED = 0
     threads = int(os.environ["TVM_NUM_THREADS"])
     print(f"{'case':34s} {'tvm ms':>8s} {'GFLOP/s':>8s} {'ort ms':>8s} {'tvm/ort':>8s}"
           + (f" {'off ms':>8s} {'tvm/off':>8s}" if args.off else "")

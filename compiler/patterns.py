@@ -267,10 +267,16 @@ def _conv_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
     return variants
 
 
+def _channels(shape: list, layout: str) -> int:
+    """Channels of a conv output in ``layout``: NCHW/NHWC's C, or blocks x lanes in NCHW{b}c (its lanes alone
+    had read as 8 channels on AVX2 and vetoed every blocked conv's epilogue)."""
+    dims = [int(d) for d in shape]
+    return dims[1] * dims[4] if len(dims) == 5 else dims[layout.index("C")]
+
+
 def _conv_check(match: Match, hw: Hardware) -> str | None:
     conv = match.annotated["conv"]
-    out_channels = int(conv.ty.shape.values[1]) if conv.attrs.out_layout == "NCHW" else \
-        int(conv.ty.shape.values[-1])
+    out_channels = _channels(conv.ty.shape.values, str(conv.attrs.out_layout))
     if not hw.is_gpu and out_channels < 16:
         return (f"Conv with {out_channels} output channels (< 16): the fused epilogue adds register "
                 f"pressure with too few channels to vectorise over")

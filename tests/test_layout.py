@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import layout
+from compiler.hostcpu import detect_host
 from compiler.onnx_loader import load
 from compiler.pipeline import CompileOptions, compile_model
 
@@ -54,10 +55,11 @@ def _conv_model(c_in: int, c_out: int, hw: int, k: int, stride: int = 1, groups:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _build_and_check(model: onnx.ModelProto, c_in: int, hw: int, *, layout_on: bool = True):  # noqa: ANN202
+def _build_and_check(model: onnx.ModelProto, c_in: int, hw: int, *, layout_on: bool = True,  # noqa: ANN202
+                     mcpu: str | None = None):
     x = np.random.default_rng(1).standard_normal((1, c_in, hw, hw)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    built = compile_model(load(model, None, name="conv"), options=CompileOptions(layout=layout_on))
+    built = compile_model(load(model, None, name="conv"), options=CompileOptions(layout=layout_on, mcpu=mcpu))
     np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
     return built
 
@@ -89,11 +91,15 @@ def test_convs_the_layout_cannot_block_stay_nchw_and_right(case: dict, always_bl
     assert "no conv has channels in whole blocks" in built.report.layout, built.report.layout
 
 
-def test_relu6_and_pooling_keep_the_layout_between_convs(always_block: None) -> None:
+@pytest.mark.parametrize("mcpu", [None, "znver3"])
+def test_relu6_and_pooling_keep_the_layout_between_convs(mcpu: str | None, always_block: None) -> None:
     """conv -> ReLU6 -> 1x1 conv -> max pool: blocked end to end, transforms only at the two edges (clip has no
-    layout rule in TVM; rewritten around ConvertLayout it no longer forces NCHW in between)."""
+    layout rule in TVM; rewritten around ConvertLayout it no longer forces NCHW in between). Also for an AVX2
+    target (blocks of 8), whose conv epilogues the pattern check once vetoed, reading 8 lanes as 8 channels."""
+    if mcpu and not {"avx2", "fma"} <= detect_host().features:
+        pytest.skip(f"{mcpu}'s AVX2 code cannot run on this host")
     model = _conv_model(32, 32, 12, 3, act="Clip", second=32)
-    built = _build_and_check(model, 32, 12)
+    built = _build_and_check(model, 32, 12, mcpu=mcpu)
     assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
     assert "pool-NCHWc" in built.report.schedules.values(), built.report.schedules
     # the conv patterns still see ReLU6 as a clip and fuse it
@@ -176,3 +182,27 @@ def test_rank3_constants_keep_the_layout(always_block: None) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     built = _build_and_check(model, c, 28)
     assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
+
+
+def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None:
+    """The register tile the blocked kernels take: most useful FMAs per load (MLAS's 4 blocks x 3 columns on
+    AVX2), a column tail where no divisor fits (13-wide planes), never a channel-block tail (125 blocks: 5)."""
+    from compiler.hostcpu import HostCPU
+    from compiler.schedule.cpu_conv_blocked import BlockedConvInfo, blocked_tiles
+
+    avx2 = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx2", "fma"}))
+    avx512 = HostCPU(mcpu="znver4", cores=2, features=frozenset({"avx512f", "avx2", "fma"}))
+
+    def tiles(host: HostCPU, ow: int, blocks: int, lanes: int, **kw: object) -> tuple[int, int] | None:
+        return blocked_tiles(BlockedConvInfo(block=None, depthwise=False, blocks=blocks, ow=ow, lanes=lanes, **kw),
+                             host)
+
+    assert tiles(avx2, 56, 8, 8) == (3, 4)          # 56 = 18 x 3 + a 2-column tail
+    assert tiles(avx2, 13, 125, 8) == (2, 5)        # SqueezeNet's classifier conv: 1000 channels at 13x13
+    assert tiles(avx2, 12, 128, 8) == (3, 4)        # the old rule's 12 x 1 ran 1.5x slower
+    assert tiles(avx2, 1, 128, 8)[0] == 1
+    assert tiles(avx2, 14, 32, 8, group_blocks=2)[1] in (1, 2)      # a tile stays within its group
+    mr, nb = tiles(avx512, 56, 8, 16)
+    assert mr * nb <= 24 and 8 % nb == 0
+    depthwise = blocked_tiles(BlockedConvInfo(block=None, depthwise=True, blocks=12, ow=13, lanes=8), avx2)
+    assert depthwise is not None and depthwise[1] == 1
