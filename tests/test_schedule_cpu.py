@@ -132,12 +132,18 @@ def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
     dict(c=96, hw=56, oc=96, k=3, group=96, stride=2),
     dict(c=24, hw=7, oc=24, k=5, group=24),          # 5x5 taps (EfficientNet), a 7-wide row
     dict(c=58, hw=28, oc=58, k=1),                   # ShuffleNet: 58 channels, no 4-multiple divides them
+    dict(c=24, hw=28, oc=58, k=1, stride=1),         # ... and its 24 -> 58 branch conv
 ])
 def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.target.Target, kwargs: dict) -> None:
     report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
     rules = set(report.scheduled.values())
-    assert rules & {"depthwise-conv2d", "conv2d-row", "conv2d+packed", "conv2d"}, report.summary()
+    assert rules & {"depthwise-conv2d", "conv2d-row", "conv2d+packed", "conv2d", "conv2d-1x1", "conv2d-1x1+packed"}, \
+        report.summary()
     assert not rules & {"row-reduction", "row-reduction+vector", "reduction"}, report.summary()
+    if kwargs["k"] == 1:
+        # a 28-wide row fits no whole vector but the 784-element plane does: the pointwise GEMM over the
+        # plane (the per-plane rule it took before ran 3.2x ORT, Zen3)
+        assert rules & {"conv2d-1x1", "conv2d-1x1+packed"}, report.summary()
     if kwargs.get("group") == kwargs["c"]:
         # the depthwise rule itself, not a fallback after it raised (a swallowed AttributeError once
         # sent every depthwise conv to the dense kernel, 3-7x slower, with every output still right)

@@ -36,6 +36,7 @@ class ConvInfo:
     oc: int | None
     ow: int | None
     ic: int | None = None           # reduction extent over input channels (per group)
+    oh: int | None = None
     kernel_area: int | None = None  # kh * kw
     pointwise: bool = False         # 1x1, stride 1, unpadded: O[n, f, y, x] += I[n, rc, y, x] * W[f, rc, 0, 0]
     in_bytes: int | None = None     # the input the conv reads (padded copy included), one image
@@ -86,6 +87,7 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
                 oc=int_or_none(ivs[1].dom.extent),
                 ow=int_or_none(ivs[3].dom.extent),
                 ic=int_or_none(ivs[4].dom.extent),
+                oh=int_or_none(ivs[2].dom.extent),
                 kernel_area=_area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)),
                 pointwise=pointwise and _area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)) == 1,
                 in_bytes=_image_bytes(d.source),
@@ -337,8 +339,10 @@ POINTWISE_ACC_SHARE = 0.75
 
 
 def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
-    """(mr output channels, nr output columns) for the pointwise kernel, or None when the row width has
-    no usable divisor. nr runs along the contiguous output row (1-2 vectors), mr channels are broadcast."""
+    """(mr output channels, nr output columns) for the pointwise kernel, or None when neither the row width
+    nor the plane has a usable divisor. nr runs along the contiguous output row (1-2 vectors), or along the
+    whole plane where the row fits no whole vector (it is contiguous too: 1x1, stride 1, unpadded); mr
+    channels are broadcast."""
     oc, ow = info.oc, info.ow
     if oc is None or ow is None:
         return None
@@ -349,6 +353,10 @@ def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
     # than the channel-vector kernel at 7x7): those stay with it. Measured interleaved (Zen4, 2 threads):
     # 112-wide 0.31-0.93x and 14-wide 0.83-0.96x of the channel-vector kernel's time.
     nr = next((c for c in (2 * lanes, lanes) if ow % c == 0), ow if lanes * 3 // 4 <= ow <= lanes else None)
+    if nr is None and info.oh is not None:
+        # the plane as one row: ShuffleNetV2's 58-channel 1x1s at 28x28 (no channel-vector tile divides 58)
+        # ran at 13 GFLOP/s on the per-plane rule
+        nr = next((c for c in (2 * lanes, lanes) if info.oh * ow % c == 0), None)
     if nr is None:
         return None
     vectors = -(-nr // lanes)
@@ -382,15 +390,24 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
         return False
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
     fo, fi = sch.split(f, [None, mr])
-    xo, xi = sch.split(x, [None, nr])
-    cb = channel_block(info, host, mr) if channel_blocks else None
-    if cb is not None:
-        fob, fo = sch.split(fo, [None, cb])
-        outer: tuple = (n, fob, y, xo, fo)   # a block of channel tiles shares each input row
+    flat = info.ow % nr != 0    # the plane as one contiguous row (pointwise_tiles)
+    if flat:
+        # the epilogue runs once per channel tile over its whole plane (mr planes, L2-resident): computed at
+        # a column step, its bounding box over a fused row index covered whole rows
+        xo, xi = sch.split(sch.fuse(y, x), [None, nr])
+        sch.reorder(n, fo, xo, rc, ry, rx, fi, xi)
+        sch.reverse_compute_at(epilogue, fo, preserve_unit_loops=True)
+        outer: tuple = (n, fo)
     else:
-        outer = (n, fo, y, xo)
-    sch.reorder(*outer, rc, ry, rx, fi, xi)
-    sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
+        xo, xi = sch.split(x, [None, nr])
+        cb = channel_block(info, host, mr) if channel_blocks else None
+        if cb is not None:
+            fob, fo = sch.split(fo, [None, cb])
+            outer = (n, fob, y, xo, fo)   # a block of channel tiles shares each input row
+        else:
+            outer = (n, fo, y, xo)
+        sch.reorder(*outer, rc, ry, rx, fi, xi)
+        sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
     if pack_w:
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
     if num_threads > 1:
