@@ -6,9 +6,12 @@ the opt-in maximum; the default static limit is 48 KiB). The host CPU row is rea
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+import tvm
+
+from . import hostcpu
 
 
 @dataclass(frozen=True)
@@ -69,43 +72,19 @@ GPU_TABLE: dict[str, Hardware] = {
 SUPPORTED_GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
 
-def _sysfs_cache_bytes(level: int, kind: str = "Data") -> int:
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in sorted(os.listdir(base)):
-            path = os.path.join(base, entry)
-            with open(os.path.join(path, "level")) as f:
-                lvl = int(f.read())
-            with open(os.path.join(path, "type")) as f:
-                typ = f.read().strip()
-            if lvl == level and (typ == kind or typ == "Unified"):
-                with open(os.path.join(path, "size")) as f:
-                    text = f.read().strip().upper()
-                mult = {"K": KiB, "M": MiB}.get(text[-1], 1)
-                return int(text.rstrip("KM")) * mult
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 @lru_cache(maxsize=None)
 def host_cpu(mcpu: str = "generic") -> Hardware:
-    """The host CPU as the cost model sees it; bandwidth is a conservative per-socket DDR4 figure."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    l1 = _sysfs_cache_bytes(1) or 32 * KiB
-    l2 = _sysfs_cache_bytes(2, "Unified") or 512 * KiB
-    l3 = _sysfs_cache_bytes(3, "Unified") or 8 * MiB
-    return Hardware("host CPU", "cpu", mcpu, 20.0, l2, 5.0, cores=cores, l1d_bytes=l1, l3_bytes=l3,
+    """The host CPU as the cost model sees it (cores and caches as compiler/hostcpu.py detected them);
+    bandwidth is a conservative per-socket DDR4 figure."""
+    host = hostcpu.detect_host()
+    return Hardware("host CPU", "cpu", mcpu, 20.0, host.l2_bytes or 512 * KiB, 5.0, cores=host.cores,
+                    l1d_bytes=host.l1d_bytes or 32 * KiB, l3_bytes=host.l3_bytes or 8 * MiB,
                     vector_regs=_vector_registers(mcpu))
 
 
 def _vector_registers(mcpu: str) -> int:
     """SIMD registers of ``mcpu`` by LLVM's feature query, as the schedules decide (hostcpu.host_from_target):
     a list of CPU names here had missed znver5 (16 instead of 32)."""
-    import tvm
-
-    from . import hostcpu
-
     try:
         target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     except Exception:  # noqa: BLE001 - a name LLVM does not know: the host's own registers

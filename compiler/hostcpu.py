@@ -8,6 +8,7 @@ and ``FUSEGUARD_MCPU`` overrides the CPU name (e.g. to cross-compile for another
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -175,19 +176,24 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+@functools.lru_cache(maxsize=1)
+def _host_facts() -> tuple[str, dict[str, object], dict[str, int], int]:
+    """``/proc/cpuinfo``, the cache sizes and the usable cores, read once a process: every build asked."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    mcpu, facts = mcpu_from_cpuinfo(text)
+    return mcpu, facts, _read_cache_sizes(), _usable_cores()
+
+
 def detect_host(cpuinfo_text: str | None = None) -> HostCPU:
-    """Describe the host CPU; ``cpuinfo_text`` replaces ``/proc/cpuinfo`` (tests use canned texts)."""
+    """Describe the host CPU; ``cpuinfo_text`` replaces ``/proc/cpuinfo`` (tests use canned texts).
+    The only reader of ``/proc/cpuinfo`` and the cache sizes (compiler/hardware.py asks here)."""
     if cpuinfo_text is None:
-        try:
-            cpuinfo_text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo_text = ""
-        caches = _read_cache_sizes()
-        cores = _usable_cores()
+        mcpu, facts, caches, cores = _host_facts()
     else:
-        caches = {}
-        cores = 0
-    mcpu, facts = mcpu_from_cpuinfo(cpuinfo_text)
+        (mcpu, facts), caches, cores = mcpu_from_cpuinfo(cpuinfo_text), {}, 0
     if not cores:
         cores = int(facts["processors"]) or 1  # type: ignore[arg-type]
     override = os.environ.get(MCPU_ENV)
