@@ -206,3 +206,6 @@ def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None
     assert mr * nb <= 24 and 8 % nb == 0
     depthwise = blocked_tiles(BlockedConvInfo(block=None, depthwise=True, blocks=12, ow=13, lanes=8), avx2)
     assert depthwise is not None and depthwise[1] == 1
+    # the first conv's NCHW input: no column tail (ResNet's 7x7 stem at 112 columns)
+    mr, nb = tiles(avx2, 112, 8, 8, nchw_in=True)
+    assert 112 % mr == 0 and mr * nb == 8

@@ -48,6 +48,7 @@ class BlockedConvInfo:
     pool: bool = False      # max/average pooling: the depthwise nest, no weights
     #: a grouped conv: output blocks per group (a tile's channel blocks must share their group's input)
     group_blocks: int | None = None
+    nchw_in: bool = False   # the first conv: NCHW input (a scalar broadcast per column and tap)
 
 
 def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvInfo | None:
@@ -91,7 +92,8 @@ def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvIn
         return None
     return BlockedConvInfo(block=block_rv, depthwise=depthwise, blocks=int_or_none(ivs[1].dom.extent),
                            ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent),
-                           group_blocks=None if depthwise or nchw_in else _group_blocks(data.indices[1], ivs[5].var))
+                           group_blocks=None if depthwise or nchw_in else _group_blocks(data.indices[1], ivs[5].var),
+                           nchw_in=nchw_in)
 
 
 def _group_blocks(channel: tirx.Expr, rc: tirx.Var) -> int | None:
@@ -114,8 +116,9 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
     512->1024 at 12x12 3x4 0.88x, 6x2 1.25x, 12x1 1.32x (the old rule, most accumulators then most columns,
     took 12x1). Columns need not divide the width (a guarded tail step: SqueezeNet's 13-wide planes allowed only
     1x1 tiles before, its 512->1000 conv ran 4.1x ORT), channel blocks must divide theirs: a guarded block tail
-    ran 2.2x slower than the even tile (125 vs 128 blocks). Depthwise tiles have ``nb`` = 1; a grouped conv's
-    blocks stay within one group."""
+    ran 2.2x slower than the even tile (125 vs 128 blocks), and so did a column tail on the first conv's NCHW
+    input (ResNet's 7x7 stem: 3x4 with a tail 1.67x ORT, 4x2 0.79x; a 3x3 stem 1.14x vs 0.75x): there the
+    columns divide too. Depthwise tiles have ``nb`` = 1; a grouped conv's blocks stay within one group."""
     if info.ow is None or info.blocks is None or info.lanes is None:
         return None
     vectors = -(-info.lanes // host.fp32_lanes)      # an 8-lane block on AVX-512 is one (half) register
@@ -125,6 +128,8 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
         if info.blocks % nb or (info.group_blocks is not None and info.group_blocks % nb):
             continue
         for mr in range(1, min(budget // nb, info.ow) + 1):
+            if info.nchw_in and info.ow % mr:
+                continue
             useful = info.ow * nb / -(-info.ow // mr)
             cycles = max(mr * nb / FMA_PER_CYCLE, mr + nb, FMA_LATENCY)
             key = (round(useful / cycles, 6), info.ow % mr == 0, -(mr + nb), mr, nb)
