@@ -133,6 +133,7 @@ def test_conv_bn_relu(target: tvm.target.Target, kwargs: dict) -> None:
     dict(c=24, hw=7, oc=24, k=5, group=24),          # 5x5 taps (EfficientNet), a 7-wide row
     dict(c=58, hw=28, oc=58, k=1),                   # ShuffleNet: 58 channels, no 4-multiple divides them
     dict(c=24, hw=28, oc=58, k=1, stride=1),         # ... and its 24 -> 58 branch conv
+    dict(c=116, hw=14, oc=116, k=1),                 # a 196-column plane: whole vectors and a tail
 ])
 def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.target.Target, kwargs: dict) -> None:
     report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
@@ -141,8 +142,8 @@ def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.ta
         report.summary()
     assert not rules & {"row-reduction", "row-reduction+vector", "reduction"}, report.summary()
     if kwargs["k"] == 1:
-        # a 28-wide row fits no whole vector but the 784-element plane does: the pointwise GEMM over the
-        # plane (the per-plane rule it took before ran 3.2x ORT, Zen3)
+        # a 28- or 14-wide row fits no whole vector: the pointwise GEMM over the plane, a tail loop after
+        # its last whole vector (the per-plane rule 58 channels took before ran 3.2x ORT, Zen3)
         assert rules & {"conv2d-1x1", "conv2d-1x1+packed"}, report.summary()
     if kwargs.get("group") == kwargs["c"]:
         # the depthwise rule itself, not a fallback after it raised (a swallowed AttributeError once
@@ -261,13 +262,18 @@ def test_grouped_convs_take_the_per_plane_rule_only_when_no_dense_tile_fits_a_gr
     """On the pinned Zen3 profile: a grouped conv with a real kernel (AlexNet's 5x5/3x3, 2 groups) goes to the dense micro-kernel (per plane,
     30x slower). A 1x1 group conv goes there too when a channel tile fits inside one group (ShuffleNet's
     3-group 1x1s, 4-5x faster than per plane); one whose group no tile divides (12 channels against a 16-wide
-    tile: the dense kernel's lanes would read two groups, a gather, 0.5 GFLOP/s) runs per plane."""
+    tile: the dense kernel's lanes would read two groups, a gather, 0.5 GFLOP/s) and whose plane is too small
+    for the pointwise kernel runs per plane."""
     target = pinned_target
     report, _ = _check(workloads.conv_bn_relu(c=96, hw=13, oc=128, k=3, group=2), target)
     assert set(report.scheduled.values()) & {"conv2d+packed", "conv2d"}, report.summary()
     assert "grouped-conv2d" not in report.scheduled.values()
-    report, _ = _check(workloads.conv_bn_relu(c=48, hw=14, oc=48, k=1, group=4), target)
+    report, _ = _check(workloads.conv_bn_relu(c=48, hw=5, oc=48, k=1, group=4), target)
     assert "grouped-conv2d" in report.scheduled.values(), report.summary()
+    # ... unless the pointwise GEMM over the plane fits (its channel tile inside a group, the plane's columns
+    # the vector axis)
+    report, _ = _check(workloads.conv_bn_relu(c=48, hw=14, oc=48, k=1, group=4), target)
+    assert set(report.scheduled.values()) & {"conv2d-1x1", "conv2d-1x1+packed"}, report.summary()
     for kwargs in (dict(c=120, hw=14, oc=96, k=1, group=3), dict(c=96, hw=16, oc=192, k=1, group=3)):
         report, _ = _check(workloads.conv_bn_relu(**kwargs), target)
         assert "grouped-conv2d" not in report.scheduled.values(), (kwargs, report.summary())

@@ -338,6 +338,36 @@ def schedule_conv2d(
 POINTWISE_ACC_SHARE = 0.75
 
 
+def _channel_vectors_fit(info: ConvInfo, host: HostCPU) -> bool:
+    """The channel-vector kernel's tile is whole vectors and stays inside a group."""
+    nr = search_conv_tiles(info, host)[1]
+    return nr % host.fp32_lanes == 0 and tile_in_group(info, nr)
+
+
+def _plane_tiles(sch: s_tir.Schedule, conv: SBlockRV, plane, extent: int, nr: int) -> None:  # noqa: ANN001
+    """The pointwise reduction over a flattened plane: ``nr``-column steps (channels unrolled, columns one or
+    two vectors), and the columns no step fills as a tail loop of their own (a guarded split made the
+    vectorised loop scalar)."""
+    main = extent - extent % nr
+    parts = sch.loop_partition(plane, [main, None]) if main < extent else [plane]
+    blocks = [conv] if len(parts) == 1 else [sch.get_child_blocks(part)[0] for part in parts]
+    for part, blk in zip(parts, blocks):
+        loops = sch.get_loops(blk)
+        p, rc, ry, rx, fi = loops[-5:]
+        if sch.get(part).extent.value >= nr:
+            xo, xi = sch.split(p, [None, nr])
+            sch.reorder(xo, rc, ry, rx, fi, xi)
+        else:
+            sch.reorder(rc, ry, rx, fi, p)
+            xi = p
+        sch.unroll(fi)
+        sch.vectorize(xi)
+        init = sch.decompose_reduction(blk, rc)
+        iloops = sch.get_loops(init)
+        if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
+            sch.vectorize(iloops[-1])
+
+
 def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
     """(mr output channels, nr output columns) for the pointwise kernel, or None when neither the row width
     nor the plane has a usable divisor. nr runs along the contiguous output row (1-2 vectors), or along the
@@ -353,10 +383,13 @@ def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
     # than the channel-vector kernel at 7x7): those stay with it. Measured interleaved (Zen4, 2 threads):
     # 112-wide 0.31-0.93x and 14-wide 0.83-0.96x of the channel-vector kernel's time.
     nr = next((c for c in (2 * lanes, lanes) if ow % c == 0), ow if lanes * 3 // 4 <= ow <= lanes else None)
-    if nr is None and info.oh is not None:
-        # the plane as one row: ShuffleNetV2's 58-channel 1x1s at 28x28 (no channel-vector tile divides 58)
-        # ran at 13 GFLOP/s on the per-plane rule
-        nr = next((c for c in (2 * lanes, lanes) if info.oh * ow % c == 0), None)
+    if nr is None and info.oh is not None and info.oh * ow >= 4 * lanes and not _channel_vectors_fit(info, host):
+        # the plane as one row, its last columns a tail of their own (schedule_pointwise), where the
+        # channel-vector kernel has no whole vector either: ShuffleNetV2's 58-channel 1x1s at 28x28 ran at
+        # 13 GFLOP/s on the per-plane rule; 80 channels a group at 14x14 ran 0.77x ORT channel-vector and
+        # 1.06x over the plane (Zen3)
+        plane = info.oh * ow
+        nr = next((c for c in (2 * lanes, lanes) if plane % c == 0), lanes)
     if nr is None:
         return None
     vectors = -(-nr // lanes)
@@ -376,7 +409,9 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
     16-step reduction, is the kernel's time (69 GFLOP/s, 34% of sgemm). Here the tile is ``mr``
     channels x ``nr`` columns of one output row: one contiguous input load per (channel, vector),
     ``mr`` broadcast weights (packed ``[OC/mr, IC, 1, 1, mr]`` so they are adjacent), and the epilogue
-    reads and writes whole rows."""
+    reads and writes whole rows. Where a row fits no whole vector (28, 14 wide) the plane is the row, its
+    last columns a tail loop: ShuffleNetV2's 1x1s at 58/116 channels ran 3.2x/1.4x ORT on the rules
+    before, 1.1x/0.95x so (Zen3)."""
     tiles = pointwise_tiles(info, host)
     if tiles is None or not info.pointwise:
         return False
@@ -388,26 +423,35 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
     epilogue = epilogue or sch.cache_write(conv, 0, "global")
     if not loops_match_iters(sch, conv):
         return False
+    if info.ow % nr:    # the plane as one contiguous row (pointwise_tiles)
+        # one iterator over the plane (a fused loop's quasi-affine binding could not be partitioned); the
+        # epilogue runs once per channel tile over its whole plane (mr planes, L2-resident): computed at a
+        # column step, its bounding box over a flattened index covered whole rows
+        ow = info.ow
+        sch.transform_block_layout(conv, lambda n, f, y, x, rc, ry, rx: (n, f, y * ow + x, rc, ry, rx))
+        n, f, plane, rc, ry, rx = sch.get_loops(conv)
+        fo, fi = sch.split(f, [None, mr])
+        sch.reorder(n, fo, plane, rc, ry, rx, fi)
+        sch.reverse_compute_at(epilogue, fo, preserve_unit_loops=True)
+        if pack_w:
+            pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
+        if num_threads > 1:
+            sch.parallel(sch.fuse(n, fo))
+        _plane_tiles(sch, conv, plane, info.oh * info.ow, nr)
+        eloops = sch.get_loops(epilogue)
+        sch.vectorize(eloops[-1])
+        return True
     n, f, y, x, rc, ry, rx = sch.get_loops(conv)
     fo, fi = sch.split(f, [None, mr])
-    flat = info.ow % nr != 0    # the plane as one contiguous row (pointwise_tiles)
-    if flat:
-        # the epilogue runs once per channel tile over its whole plane (mr planes, L2-resident): computed at
-        # a column step, its bounding box over a fused row index covered whole rows
-        xo, xi = sch.split(sch.fuse(y, x), [None, nr])
-        sch.reorder(n, fo, xo, rc, ry, rx, fi, xi)
-        sch.reverse_compute_at(epilogue, fo, preserve_unit_loops=True)
-        outer: tuple = (n, fo)
+    xo, xi = sch.split(x, [None, nr])
+    cb = channel_block(info, host, mr) if channel_blocks else None
+    if cb is not None:
+        fob, fo = sch.split(fo, [None, cb])
+        outer = (n, fob, y, xo, fo)   # a block of channel tiles shares each input row
     else:
-        xo, xi = sch.split(x, [None, nr])
-        cb = channel_block(info, host, mr) if channel_blocks else None
-        if cb is not None:
-            fob, fo = sch.split(fo, [None, cb])
-            outer = (n, fob, y, xo, fo)   # a block of channel tiles shares each input row
-        else:
-            outer = (n, fo, y, xo)
-        sch.reorder(*outer, rc, ry, rx, fi, xi)
-        sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
+        outer = (n, fo, y, xo)
+    sch.reorder(*outer, rc, ry, rx, fi, xi)
+    sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
     if pack_w:
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
     if num_threads > 1:
