@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 import scipy.special
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
@@ -493,3 +494,37 @@ def test_cost_model_vector_registers_follow_the_isa(mcpu: str, regs: int) -> Non
     from compiler.hardware import host_cpu
 
     assert host_cpu(mcpu).vector_regs == regs
+
+
+@pytest.mark.parametrize("sizes, shape", [
+    ([8] + [4] * 20, (14, 14, 8)),      # DenseNet's concat of every earlier layer, blocked (NCHW8c)
+    ([3, 5, 7], (9, 11)),               # NCHW, odd widths
+])
+def test_a_concatenation_is_cut_into_one_loop_nest_per_input(sizes: list[int], shape: tuple[int, ...]) -> None:
+    """concat + ReLU: each input its own loop nest, the if_then_else chain folded away (every branch was
+    loaded and selected per vector: a 21-input concat 10x slower, Zen3); the values unchanged."""
+    from tvm import relax, s_tir
+    from tvm.script import relax as R
+
+    from compiler.schedule.cpu_elementwise import schedule_injective
+
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", R.Tensor((1, n, *shape), "float32")) for i, n in enumerate(sizes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.concat(xs, axis=1))))
+        bb.emit_func_output(out)
+    mod = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(
+        relax.transform.LegalizeOps()(bb.get()))))
+    func = next(mod[g] for g in mod.get_global_vars() if g.name_hint != "main")
+    sch = s_tir.Schedule(func)
+    assert schedule_injective(sch, detect_host(), num_threads=2)
+    copies = []
+    tvm_ffi.structural_walk(sch.mod["main"], (s_tir.SBlock, lambda b: copies.append(b.name_hint)), order="post")
+    assert len([c for c in copies if not c.endswith(("_partition", "_common")) and c != "root"]) == len(sizes), copies
+    lib = tvm.compile(sch.mod["main"].with_attr("global_symbol", "main"), target=host_target())
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((1, n, *shape)).astype(np.float32) for n in sizes]
+    out = tvm.runtime.tensor(np.zeros((1, sum(sizes), *shape), np.float32))
+    lib["main"](*[tvm.runtime.tensor(a) for a in args], out)
+    np.testing.assert_array_equal(out.numpy(), np.maximum(np.concatenate(args, 1), 0))

@@ -10,6 +10,7 @@ vectorised), which this module drives and checks.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
@@ -29,12 +30,58 @@ def schedule_injective(sch: s_tir.Schedule, host: HostCPU, *, num_threads: int) 
         return False
     blocks = try_inline_all(sch)
     for blk in blocks:
-        schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+        cut = _concat_cuts(sch, blk)
+        if cut is None:
+            schedule_spatial_block(sch, blk, host, num_threads=num_threads)
+            continue
+        axis, offsets = cut
+        loop = sch.get_loops(blk)[axis]
+        extent = int(sch.get(loop).extent)
+        sizes = [b - a for a, b in zip([0, *offsets], [*offsets, extent])]
+        for part in sch.loop_partition(loop, [*sizes[:-1], None]):
+            schedule_spatial_block(sch, sch.get_child_blocks(part)[0], host, num_threads=num_threads,
+                                   from_loop=axis)
     return True
 
 
-def schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int) -> None:
-    loops = sch.get_loops(blk)
+#: Most inputs a concatenation is cut into (one loop nest each, one parallel region each).
+CONCAT_MAX_PARTS = 64
+
+
+def _concat_cuts(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV) -> tuple[int, list[int]] | None:
+    """(loop, offsets) of a concatenation inlined into ``blk``: its ``if_then_else(off <= v_axis, ...)`` chain,
+    whose every branch a vector loaded and then selected from. Cut at the offsets, each input is its own
+    loop nest and the conditions fold away: torchvision DenseNet-121's concat (up to 25 inputs) + BN + ReLU
+    kernels ran at 0.5 GB/s, 2-3 ms each (Zen3)."""
+    if not loops_match_iters(sch, blk):
+        return None
+    block = sch.get(blk)
+    pos = {iv.var: p for p, iv in enumerate(block.iter_vars)}
+    cuts: dict[int, set[int]] = {}
+
+    def visit(call: tvm.ir.expr.Call) -> None:
+        if getattr(call.op, "name", "") not in ("prim.if_then_else", "tir.if_then_else"):
+            return
+        cond = call.args[0]
+        if isinstance(cond, tirx.LE) and isinstance(cond.a, tirx.IntImm) and cond.b in pos:
+            cuts.setdefault(pos[cond.b], set()).add(int(cond.a.value))
+
+    tvm_ffi.structural_walk(block.body, (tvm.ir.expr.Call, visit), order="post")
+    if len(cuts) != 1:
+        return None
+    axis, offsets = next(iter(cuts.items()))
+    extent = int_or_none(block.iter_vars[axis].dom.extent)
+    offsets_in = sorted(o for o in offsets if 0 < o < (extent or 0))
+    if extent is None or not offsets_in or len(offsets_in) + 1 > CONCAT_MAX_PARTS:
+        return None
+    return axis, offsets_in
+
+
+def schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int,
+                           from_loop: int = 0) -> None:
+    """Fuse, vectorise and parallelise the block's loops (those from ``from_loop`` in: the ones above are
+    shared with sibling loop nests)."""
+    loops = sch.get_loops(blk)[from_loop:]
     if not loops:
         return
     extents = [int_or_none(sch.get(lp).extent) for lp in loops]
