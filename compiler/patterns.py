@@ -270,8 +270,8 @@ def _conv_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
 def _channels(shape: list, layout: str) -> int:
     """Channels of a conv output in ``layout``: NCHW/NHWC's C, or blocks x lanes in NCHW{b}c (its lanes alone
     had read as 8 channels on AVX2 and vetoed every blocked conv's epilogue)."""
-    dims = [int(d) for d in shape]
-    return dims[1] * dims[4] if len(dims) == 5 else dims[layout.index("C")]
+    dims = list(shape)      # spatial dims may be symbolic; channels are not
+    return int(dims[1]) * int(dims[4]) if len(dims) == 5 else int(dims[layout.index("C")])
 
 
 def _conv_check(match: Match, hw: Hardware) -> str | None:
