@@ -360,12 +360,17 @@ def _plane_tiles(sch: s_tir.Schedule, conv: SBlockRV, plane, extent: int, nr: in
         else:
             sch.reorder(rc, ry, rx, fi, p)
             xi = p
-        sch.unroll(fi)
-        sch.vectorize(xi)
-        init = sch.decompose_reduction(blk, rc)
-        iloops = sch.get_loops(init)
-        if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
-            sch.vectorize(iloops[-1])
+        _unroll_vectorize_and_init(sch, blk, fi, xi, rc)
+
+
+def _unroll_vectorize_and_init(sch: s_tir.Schedule, blk: SBlockRV, fi, xi, rc) -> None:  # noqa: ANN001
+    """The pointwise tile's last steps: channels unrolled, columns vectorised, the init split off (vectorised)."""
+    sch.unroll(fi)
+    sch.vectorize(xi)
+    init = sch.decompose_reduction(blk, rc)
+    iloops = sch.get_loops(init)
+    if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
+        sch.vectorize(iloops[-1])
 
 
 def pointwise_tiles(info: ConvInfo, host: HostCPU) -> tuple[int, int] | None:
@@ -456,12 +461,7 @@ def schedule_pointwise(sch: s_tir.Schedule, info: ConvInfo, host: HostCPU, *, nu
         pack_param_layout(sch, conv, info.w_buffer, info.f_dim, mr)
     if num_threads > 1:
         sch.parallel(sch.fuse(*outer[:4]))
-    sch.unroll(fi)
-    sch.vectorize(xi)
     eloops = sch.get_loops(epilogue)
     sch.vectorize(eloops[-1])
-    init = sch.decompose_reduction(conv, rc)
-    iloops = sch.get_loops(init)
-    if sch.get(iloops[-1]).kind != tirx.ForKind.VECTORIZED:
-        sch.vectorize(iloops[-1])
+    _unroll_vectorize_and_init(sch, conv, fi, xi, rc)
     return True

@@ -71,10 +71,10 @@ def _concat_cuts(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV) -> tuple[int
         return None
     axis, offsets = next(iter(cuts.items()))
     extent = int_or_none(block.iter_vars[axis].dom.extent)
-    offsets_in = sorted(o for o in offsets if 0 < o < (extent or 0))
-    if extent is None or not offsets_in or len(offsets_in) + 1 > CONCAT_MAX_PARTS:
+    if extent is None:
         return None
-    return axis, offsets_in
+    inside = sorted(o for o in offsets if 0 < o < extent)
+    return (axis, inside) if inside and len(inside) < CONCAT_MAX_PARTS else None
 
 
 def schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, host: HostCPU, *, num_threads: int,
@@ -184,14 +184,14 @@ def schedule_vector_row_reduction(func: tirx.PrimFunc, host: HostCPU, *, num_thr
         sch.parallel(spatial)
     _vectorize_inner(sch, last, lanes)
     params = list(sch.mod["main"].params)       # buffers are their own vars here: a param is an output or input
-    standalone = []
+    standalone: set[str] = set()
     for blk in reversed(root_blocks(sch)[:-1]):
         block = sch.get(blk)
         if is_spatial(block) and any(w.source.same_as(p) for w in block.writes for p in params):
             # a second output (a pre-LN block's residual sum, kept for the next layer) cannot move under
             # the row loop: its own loop nest first, the rows read it back (Whisper's add + LayerNorm ran
             # on the generic reduction rule, 2.5x slower than its unfused parts, Zen3)
-            standalone.append(blk)
+            standalone.add(block.name_hint)
             continue
         sch.compute_at(blk, spatial, preserve_unit_loops=True)
     for rf in factored:
@@ -213,9 +213,8 @@ def schedule_vector_row_reduction(func: tirx.PrimFunc, host: HostCPU, *, num_thr
         sch.reorder(red_loop, lane_loop)
         sch.vectorize(lane_loop)
         sch.decompose_reduction(rf, red_loop)
-    names = {sch.get(b).name_hint for b in standalone}
     for blk in blocks[:-1]:
-        if sch.get(blk).name_hint in names:
+        if sch.get(blk).name_hint in standalone:
             schedule_spatial_block(sch, blk, host, num_threads=num_threads)
         elif is_spatial(sch.get(blk)):
             _vectorize_inner(sch, blk, lanes)
