@@ -9,6 +9,7 @@ interleaved in this one process (`verify.timing.measure_interleaved`, both threa
     python benchmarks/conv_kernels.py --off conv_pointwise     # the pointwise kernel against the old one
     python benchmarks/conv_kernels.py --case 240,240,28,5,2,240,silu --off depthwise_deinterleave
     python benchmarks/conv_kernels.py --nchw                   # the blocked layout against NCHW (--no-layout)
+    python benchmarks/conv_kernels.py --unfused --case 240,240,28,5,1,240,silu  # fused against conv + its ops
     python benchmarks/conv_kernels.py --force-blocked --case 512,1000,13,1,1   # a blocked kernel on its own
 
 A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu or silu).
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--case", action="append", default=[], help="C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (repeatable)")
     p.add_argument("--off", default=None, metavar="SWITCH", help="also time a build with this schedule switch off")
     p.add_argument("--nchw", action="store_true", help="also time the NCHW build (the layout step off)")
+    p.add_argument("--unfused", action="store_true", help="also time the unfused build (conv, bias, activation apart)")
     p.add_argument("--force-blocked", action="store_true",
                    help="block every convertible conv even where its edge transforms cost more than blocking saves")
     p.add_argument("--repeats", type=int, default=25)
@@ -79,7 +81,8 @@ def main(argv: list[str]) -> int:
     threads = int(os.environ["TVM_NUM_THREADS"])
     print(f"{'case':34s} {'tvm ms':>8s} {'GFLOP/s':>8s} {'ort ms':>8s} {'tvm/ort':>8s}"
           + (f" {'off ms':>8s} {'tvm/off':>8s}" if args.off else "")
-          + (f" {'nchw ms':>8s} {'tvm/nchw':>8s}" if args.nchw else "") + "  rule")
+          + (f" {'nchw ms':>8s} {'tvm/nchw':>8s}" if args.nchw else "")
+          + (f" {'unf ms':>8s} {'tvm/unf':>8s}" if args.unfused else "") + "  rule")
     for text in args.case or DEFAULT_CASES:
         case = parse_case(text)
         model, flops = model_of(*case)
@@ -88,11 +91,11 @@ def main(argv: list[str]) -> int:
                                        providers=["CPUExecutionProvider"])
         ref = session.run(None, {"x": x})[0]
         fns, rule = {}, ""
-        for label, off in (("tvm", ""), ("off", args.off or ""), ("nchw", "")):
-            if label == "off" and not args.off or label == "nchw" and not args.nchw:
-                continue
-            os.environ["FUSEGUARD_CPU_SCHEDULE_OFF"] = off
-            built = compile_model(load(model, None, name="conv"), options=CompileOptions(layout=label != "nchw"))
+        wanted = {"tvm": True, "off": bool(args.off), "nchw": args.nchw, "unf": args.unfused}
+        for label in (k for k, on in wanted.items() if on):
+            os.environ["FUSEGUARD_CPU_SCHEDULE_OFF"] = args.off if label == "off" else ""
+            options = CompileOptions(layout=label != "nchw", fusion=label != "unf")
+            built = compile_model(load(model, None, name="conv"), options=options)
             err = float(np.abs(built.run({"x": x})[0] - ref).max())
             if err > 1e-3:
                 print(f"{text}: {label} build differs from ORT by {err:.2e}", file=sys.stderr)
@@ -109,6 +112,8 @@ def main(argv: list[str]) -> int:
             line += f" {med['off']:8.3f} {med['tvm'] / med['off']:8.2f}"
         if args.nchw:
             line += f" {med['nchw']:8.3f} {med['tvm'] / med['nchw']:8.2f}"
+        if args.unfused:
+            line += f" {med['unf']:8.3f} {med['tvm'] / med['unf']:8.2f}"
         print(line + f"  {rule}", flush=True)
     return 0
 

@@ -166,7 +166,12 @@ def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: Host
         xo, xi = sch.split(x, [None, mr])
         sch.reorder(n, fo, y, xo, *red, fb, xi, fi)
         f, first_red, inner = fo, red[0], (fb, xi)
-    sch.reverse_compute_at(epilogue, xo, preserve_unit_loops=True)
+    # A dense tile's epilogue runs on the tile while it is in registers. A depthwise tile is one block wide, and
+    # its epilogue inside the column loop shared the registers with the taps' hoisted weights: a SiLU there
+    # (13 constants) made LLVM spill the 5x5 weights, and the fused kernel ran slower than conv + separate
+    # SiLU (240ch 5x5 at 28: 1.04-1.11x of its parts; at row level 0.77-0.79x; 144ch 5x5 s2 at 56: 1.14-1.23x
+    # -> 0.96-0.98x; 3x3 and ReLU unchanged; Zen3, interleaved: `benchmarks/conv_kernels.py --unfused`).
+    sch.reverse_compute_at(epilogue, y if info.depthwise else xo, preserve_unit_loops=True)
     if num_threads > 1:
         sch.parallel(sch.fuse(n, f, y))
     for lp in inner:
