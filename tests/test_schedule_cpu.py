@@ -103,6 +103,33 @@ def test_a_prime_row_count_keeps_a_full_row_tile(target: tvm.target.Target, rows
     assert f"T.min(v_i0, T.int64({rows - 1}))" in script or f"T.min(v_i1, T.int64({rows - 1}))" in script, script
 
 
+@pytest.mark.parametrize("shape", [(37, 1, 64), (19, 2, 64)])
+def test_a_sequence_first_matmul_tiles_its_tokens(target: tvm.target.Target, shape: tuple[int, ...]) -> None:
+    """[tokens, batch, hidden] x [hidden, N] (torchvision's MultiheadAttention in-projection): the output's
+    row axis is the batch of 1 or 2, so the tile's rows run over the tokens, which the weight does not
+    depend on. Tiled on the 1-row axis, ViT-B/16's in-projection ran 2.9x ORT (0.94x after, Zen3)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((shape[-1], 32)) * 0.1).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+    graph = helper.make_graph(nodes, "seq_first", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [*shape[:-1], 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report, mod = _check(model, target)
+    assert list(report.scheduled.values()) == ["matmul+packed"]
+    func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    rows = [int(lp.extent) for lp in _loops(func) if lp.kind == tirx.ForKind.UNROLLED]
+    assert rows and max(rows) >= 4, func.script()
+
+
+def _loops(func: tirx.PrimFunc) -> list[tirx.For]:
+    found: list[tirx.For] = []
+    tvm_ffi.structural_walk(func, (tirx.For, found.append), order="post")
+    return found
+
+
 def test_bert_layer_batched_matmul_softmax_layernorm(target: tvm.target.Target) -> None:
     report, _ = _check(workloads.bert_layer(seq=32, hidden=64, heads=2, ffn=128), target)
     assert not report.left_alone, report.summary()
