@@ -496,6 +496,7 @@ class _Replacer(relax.PyExprMutator):
         self.mod_ = mod
         self.replacements, self.spec = replacements, spec
         self.replaced: dict[str, str] = {}
+        self.calls: list[tuple[str, str]] = []      # (kernel, composite) per replaced call, in order
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         call = binding.value
@@ -507,19 +508,23 @@ class _Replacer(relax.PyExprMutator):
                 var = self.builder_.emit(new, binding.var.name)
                 if isinstance(new, relax.Call) and new.op.name == "relax.call_tir":
                     self.replaced[new.args[0].name_hint] = call.op.name_hint
+                    self.calls.append((new.args[0].name_hint, call.op.name_hint))
                 self.set_var_remap(binding.var, var)
                 return
         super().visit_var_binding_(binding)
 
 
-def apply_replacements(mod: tvm.IRModule, replacements: dict, spec) -> tuple[tvm.IRModule, dict[str, str]]:
+def apply_replacements(mod: tvm.IRModule, replacements: dict,
+                       spec) -> tuple[tvm.IRModule, list[tuple[str, str]]]:
     """Replace calls of composite functions by hand-written kernels.
 
     `replacements` maps a composite function name to `fn(builder, function, args, spec) -> expr | None`.
-    Returns the module (unused composites removed) and {kernel PrimFunc name: composite name}.
+    Returns the module (unused composites removed) and (kernel PrimFunc name, composite name) per replaced
+    call in `main`'s order: identical calls share one kernel (ViT's 12 attention layers), so only the
+    order tells which composite, and so which ONNX nodes, a call stands for.
     """
     if not replacements:
-        return mod, {}
+        return mod, []
     rep = _Replacer(mod, replacements, spec)
     main = mod.get_global_var("main")
     rep.builder_.update_func(main, rep.visit_expr(mod["main"]))
@@ -528,4 +533,4 @@ def apply_replacements(mod: tvm.IRModule, replacements: dict, spec) -> tuple[tvm
         gv = out.get_global_var(name)
         out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", rep.replaced[name])
     out = relax.transform.DeadCodeElimination(["main"])(out)
-    return out, rep.replaced
+    return out, rep.calls

@@ -459,6 +459,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
     decisions: list[cost.Decision] = []
     links: dict[str, cost.Decision] = {}
+    replaced_calls: list[tuple[str, cost.Decision]] = []
     if options.fusion:
         for rule in patterns.rules():
             if rule.prepare is not None and rule.name not in options.disabled_patterns:
@@ -488,7 +489,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                   if d.pattern in patterns.PATTERNS and patterns.PATTERNS[d.pattern].replacement is not None}
         with target, patterns.decide_at({d.name: d.decide_size for d in options.dynamic}):
             mod, replaced = apply_replacements(mod, wanted, spec)    # kernels tiled at the same sizes
-        links.update({kernel: links[composite] for kernel, composite in replaced.items()})
+        links.update({kernel: links[composite] for kernel, composite in replaced})
+        replaced_calls = [(kernel, links[composite]) for kernel, composite in replaced]
         rep.stage_s["replacements"] = time.perf_counter() - start
     mod = _run_user_passes("after_fusion", mod, options)
 
@@ -512,7 +514,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         except Exception:  # provenance is a report nicety; never fail a build over it
             sites = None
         rep.stage_s["provenance"] = time.perf_counter() - start
-        rep.groups = report.fused_groups(mod, provenance, decisions, links, sites)
+        rep.groups = report.fused_groups(mod, provenance, decisions, links, sites, replaced_calls)
         mod = stage("fuse_tir", [T.FuseTIR()], mod)
     for d in decisions:
         if not d.onnx_nodes:

@@ -441,12 +441,19 @@ def call_site_provenance(legalized: tvm.IRModule) -> list[list[str]]:
 
 def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                  links: dict[str, Decision] | None = None,
-                 sites: list[list[str]] | None = None) -> list[FusedGroup]:
+                 sites: list[list[str]] | None = None,
+                 replaced_calls: list[tuple[str, Decision]] | None = None) -> list[FusedGroup]:
     """Groups called from `main`, in execution order, after FuseOps (before FuseTIR).
 
     A pattern group is tied to its cost-model decision through the provenance-tagged var names
-    (`n<index>_<Op>`) that both share; untagged names (lv, gv) are not unique and are ignored.
+    (`n<index>_<Op>`) that both share; untagged names (lv, gv) are not unique and are ignored. A call of a
+    hand-written kernel takes the decision of the replaced call at its place in `replaced_calls` (one
+    kernel serves every identical call: keyed by its name, all 12 of ViT's attention calls had claimed
+    the last layer's ONNX nodes, and a profile paired only that one with its unfused parts).
     """
+    pending: dict[str, list[Decision]] = {}
+    for kernel, decision in replaced_calls or []:
+        pending.setdefault(kernel, []).append(decision)
     by_name: dict[str, Decision] = {}
     for d in decisions:
         if d.fused:
@@ -463,7 +470,8 @@ def fused_groups(mod: tvm.IRModule, provenance, decisions: list[Decision],
                 value = binding.value
                 if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
                         and value.op.name == "relax.call_tir" and value.args[0].name_hint in (links or {}):
-                    decision = links[value.args[0].name_hint]
+                    queue = pending.get(value.args[0].name_hint)
+                    decision = queue.pop(0) if queue else links[value.args[0].name_hint]
                     decision.onnx_nodes = provenance(decision.var_names)
                     groups.append(FusedGroup(function=value.args[0].name_hint, pattern=decision.pattern,
                                              ops=list(decision.ops), onnx_nodes=decision.onnx_nodes,

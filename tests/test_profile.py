@@ -63,3 +63,18 @@ def test_profile_cli_writes_json(tmp_path: Path) -> None:
                           "--json", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 3, bad.stderr
     assert "Traceback" not in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith("fuseguard: error: profile")
+
+
+def test_identical_kernel_calls_keep_their_own_nodes() -> None:
+    """bert_tiny's two attention layers share one hand-written kernel: each call still names its own
+    layer's ONNX nodes (both had claimed the last layer's, so a profile paired only one with its parts)."""
+    from compiler.onnx_loader import load
+    from compiler.pipeline import CompileOptions, compile_model
+    from verify.core import resolve_model_arg
+
+    spec = resolve_model_arg("bert_tiny")
+    built = compile_model(load(spec.build(), None, name="bert_tiny"), options=CompileOptions())
+    sites = [s for s in built.report.call_sites if s["pattern"] == "attention"]
+    assert len(sites) == 2 and len({s["kernel"] for s in sites}) == 1, sites
+    first, second = (set(s["nodes"]) for s in sites)
+    assert first and second and not first & second, sites
