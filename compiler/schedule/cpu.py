@@ -339,13 +339,15 @@ def _try_matmul(
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
+        pad_columns = not _constant_param(func, info.b_buffer, sites)
         try:
-            ok = schedule_matmul(sch, info, host, pack_b=attempt_pack, parallel=threads > 1)
+            ok = schedule_matmul(sch, info, host, pack_b=attempt_pack, parallel=threads > 1,
+                                 pad_columns=pad_columns)
         except Exception:  # noqa: BLE001 - e.g. an epilogue that cannot follow the tile
             ok = False
         if ok:
             rule = "matmul+packed" if attempt_pack else "matmul"
-            padded = info.m is None or rows_padded(info, choose_tiles(info, host))
+            padded = info.m is None or rows_padded(info, choose_tiles(info, host, pad_columns=pad_columns))
             out = clamp_padded_rows(sch.mod["main"]) if padded and opts.clamp_padded_rows else sch.mod["main"]
             return out, rule, (pack if attempt_pack else None)
     return None
@@ -458,13 +460,21 @@ def _pack_plan(
 ) -> tuple[int, int, int] | None:
     """Pack a weight when it is a parameter fed by a Relax constant at every call site and splits evenly."""
     idx = next((p for p, v in enumerate(func.params) if v.same_as(buffer_var)), None)
-    if idx is None or not sites or j_extent is None or nr < 4 or j_extent % nr:
+    if idx is None or j_extent is None or nr < 4 or j_extent % nr or not _constant_param(func, buffer_var, sites):
         return None
-    for call in sites:
-        args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else None
-        if args is None or idx >= len(args) or not isinstance(args[idx], tvm.ir.GenericConst):
-            return None
     return idx, j_dim, nr
+
+
+def _constant_param(func: tirx.PrimFunc, buffer_var: object, sites: list[relax.Call]) -> bool:
+    """Is this parameter fed by a Relax constant at every call site (a weight)?"""
+    idx = next((p for p, v in enumerate(func.params) if v.same_as(buffer_var)), None)
+    if idx is None or not sites:
+        return False
+    for call in sites:
+        args = call.args[1].fields if call is not None and isinstance(call.args[1], relax.Tuple) else None
+        if args is None or idx >= len(args) or not isinstance(args[idx], tvm.ir.GenericConst):
+            return False
+    return True
 
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")

@@ -121,13 +121,18 @@ def _row_var(i_var: tirx.Var, batch: Sequence[tirx.Var], a_vars: Sequence[tirx.V
 class MatmulTiles:
     mr: int  # unrolled output rows
     nr: int  # vectorised output columns (a multiple of the SIMD width when N allows)
+    pad_n: bool = False     # a static N padded to whole column tiles (see choose_tiles)
 
 
-def choose_tiles(info: MatmulInfo, host: HostCPU) -> MatmulTiles:
+def choose_tiles(info: MatmulInfo, host: HostCPU, *, pad_columns: bool = False) -> MatmulTiles:
     """Register tile from the vector ISA: accumulators use about half the registers.
 
     Measured on Zen 4 (AVX-512, 32 registers) and Zen 1 (AVX2, 16): 4x(2*lanes) was the best
     single shape for the BERT/MLP sizes; smaller N or M shrink the tile to divide the extents.
+
+    With ``pad_columns`` (B is not a constant, so its copy padded to whole tiles costs a pass over one
+    operand, not a weight per call), a static N no full vector divides is padded: ViT's 197-token scores
+    ``Q K^T`` got 1-column tiles, scalar code at 20 GFLOP/s, 5.9 ms a layer in the unfused build (Zen3).
     """
     lanes = host.fp32_lanes
     nr_pref = 2 * lanes
@@ -141,6 +146,9 @@ def choose_tiles(info: MatmulInfo, host: HostCPU) -> MatmulTiles:
             break
     else:
         nr = lanes if n is None else 1
+    pad_n = pad_columns and n is not None and nr < lanes and n > lanes
+    if pad_n:
+        nr = nr_pref if n >= nr_pref else lanes
     # A row count with no divisor of 3 or more up to the preferred height (197 tokens) keeps the preferred
     # height and is padded to whole tiles (rows_padded): a 1-row tile reloads B for every row (2.9x ORT).
     mr = mr_pref
@@ -148,7 +156,7 @@ def choose_tiles(info: MatmulInfo, host: HostCPU) -> MatmulTiles:
         if m is not None and m % cand == 0 and cand <= mr_pref + 2:
             mr = cand
             break
-    return MatmulTiles(mr=mr, nr=nr)
+    return MatmulTiles(mr=mr, nr=nr, pad_n=pad_n)
 
 
 def _divisible(extent: int | None, factor: int) -> bool:
@@ -163,16 +171,17 @@ def schedule_matmul(
     tiles: MatmulTiles | None = None,
     pack_b: bool = False,
     parallel: bool = True,
+    pad_columns: bool = False,
 ) -> bool:
     """Apply the register-tiled schedule; ``pack_b`` also rewrites B's parameter layout to panels."""
-    tiles = tiles or choose_tiles(info, host)
+    tiles = tiles or choose_tiles(info, host, pad_columns=pad_columns)
     # Inline producers (transposes, pads) and the elementwise chain after the matmul; keep the matmul.
     around = inline_around(sch, info.block)
     if around is None:
         return False
     mm, epilogue = around
     padded_n = False
-    if info.m is None or info.n is None or rows_padded(info, tiles):
+    if info.m is None or info.n is None or rows_padded(info, tiles) or tiles.pad_n:
         mm, epilogue, padded_n = _pad_symbolic(sch, mm, epilogue, info, tiles)
     if epilogue is None:
         # Accumulate into a tile-local buffer; writing the output in place per k-step would go to memory.
@@ -234,7 +243,7 @@ def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, 
     pads = [1] * len(block.iter_vars)
     if info.m is None or rows_padded(info, tiles):
         pads[info.i_iter] = tiles.mr
-    padded_n = info.n is None
+    padded_n = info.n is None or tiles.pad_n
     if padded_n:
         pads[info.j_iter] = tiles.nr
     name = block.name_hint
@@ -243,6 +252,7 @@ def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, 
     for producer in sch.get_producers(mm):
         reads_b = any(r.source.same_as(info.b_buffer) for r in sch.get(producer).reads)
         if padded_n and reads_b:
+            _schedule_pad_copy(sch, producer, tiles.nr)
             continue
         sch.compute_inline(producer)
     (copy,) = sch.get_consumers(mm)
@@ -250,6 +260,16 @@ def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, 
         return mm, copy, padded_n
     sch.compute_inline(copy)
     return mm, epilogue, padded_n
+
+
+def _schedule_pad_copy(sch: s_tir.Schedule, copy: SBlockRV, nr: int) -> None:
+    """B's zero-padded copy: rows in parallel, the padded columns (whole tiles) as vectors. Left as TVM made
+    it, the copy of ViT's K^T (12 x 64 x 208) ran serial and scalar."""
+    loops = sch.get_loops(copy)
+    if len(loops) > 1:
+        sch.parallel(sch.fuse(*loops[:-1]))
+    if _divisible(int_or_none(sch.get(loops[-1]).extent), nr):
+        sch.vectorize(sch.split(loops[-1], [None, nr])[1])
 
 
 def clamp_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
