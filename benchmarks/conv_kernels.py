@@ -12,7 +12,7 @@ interleaved in this one process (`verify.timing.measure_interleaved`, both threa
     python benchmarks/conv_kernels.py --unfused --case 240,240,28,5,1,240,silu  # fused against conv + its ops
     python benchmarks/conv_kernels.py --force-blocked --case 512,1000,13,1,1   # a blocked kernel on its own
 
-A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu or silu).
+A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu, silu or gelu).
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ def model_of(c_in: int, c_out: int, hw: int, k: int, stride: int, groups: int = 
                               kernel_shape=[k, k], group=groups)]
     if act == "silu":
         nodes += [helper.make_node("Sigmoid", ["y"], ["s"]), helper.make_node("Mul", ["y", "s"], ["z"])]
+    elif act == "gelu":     # the erf form exporters write: x * 0.5 * (1 + erf(x / sqrt 2))
+        consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.array(v, np.float32), n))
+                  for n, v in (("r2", 1.4142135), ("one", 1.0), ("half", 0.5))]
+        nodes += consts + [helper.make_node("Div", ["y", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                           helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["y", "p"], ["q"]),
+                           helper.make_node("Mul", ["q", "half"], ["z"])]
     else:
         nodes += [helper.make_node("Relu", ["y"], ["z"])]
     ho = (hw + 2 * pad - k) // stride + 1

@@ -78,3 +78,18 @@ def test_identical_kernel_calls_keep_their_own_nodes() -> None:
     assert len(sites) == 2 and len({s["kernel"] for s in sites}) == 1, sites
     first, second = (set(s["nodes"]) for s in sites)
     assert first and second and not first & second, sites
+
+
+def test_a_node_split_into_several_kernels_pairs_each_with_its_own_kind() -> None:
+    """A conv whose layout transform and view carry its node: the unfused conv is a part of the fused conv
+    kernel (not of the view listed first), the transform of the transform."""
+    def site(kernel: str, nodes: list[str], us: float, flops: int) -> SiteTime:
+        return SiteTime(kernel=kernel, pattern="generic", nodes=nodes, us=us, bytes=0, flops=flops)
+
+    fused = [site("expand_dims", ["conv"], 0.0, 0), site("te_layout_transform", ["conv"], 5.0, 0),
+             site("fused_conv2d_NCHWc_erf", ["conv", "erf"], 30.0, 1000)]
+    unfused = [site("expand_dims", ["conv"], 0.0, 0), site("te_layout_transform1", ["conv"], 5.0, 0),
+               site("conv2d_NCHWc", ["conv"], 28.0, 1000), site("erf", ["erf"], 4.0, 0)]
+    view, transform, conv = group_parts(fused, unfused)
+    assert (view.parts, transform.parts, transform.parts_us) == (1, 1, 5.0)
+    assert (conv.parts, conv.parts_us) == (2, 32.0)
