@@ -304,6 +304,72 @@ def Conv1dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     return recognize(mod, pattern, rewrite, "Conv")[0]
 
 
+#: Elementwise ops a height-1 conv's output may pass through and stay 4-D (GELU as exporters write it:
+#: divide, erf, add, multiply; ReLU; SiLU; ...).
+_UNARY_EW = frozenset({"relax.erf", "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.negative",
+                       "relax.abs", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",
+                       "relax.clip"})
+_BINARY_EW = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
+                        "relax.maximum", "relax.minimum"})
+
+
+def _scalar_constant(expr: relax.Expr) -> bool:
+    """A constant operand that broadcasts the same in 3-D and 4-D: one element, or a PrimValue (no tensor
+    type: clip's bounds)."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return False
+    dims = static_dims(expr)
+    return dims is None or all(d == 1 for d in dims)
+
+
+@relax.expr_functor.mutator
+class _KeepHeightOne(relax.PyExprMutator):
+    """`expand_dims(f(squeeze(y, 2)), 2)` -> `f(y)` for elementwise `f` with scalar constants (below)."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.four_d: dict[relax.Var, relax.Var] = {}     # 3-D var -> the 4-D var it is squeeze(., 2) of
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        op = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
+        args = list(value.args) if op else []
+        if op == "relax.squeeze" and [int(a) for a in (value.attrs.axis or [])] == [2] \
+                and (static_dims(args[0]) or [0, 0, 0])[2:3] == [1]:
+            super().visit_var_binding_(binding)
+            self.four_d[binding.var] = self.visit_expr(args[0])
+            return
+        if op == "relax.expand_dims" and [int(a) for a in value.attrs.axis] == [2] and args[0] in self.four_d \
+                and isinstance(binding.var, relax.DataflowVar):
+            self.set_var_remap(binding.var, self.four_d[args[0]])
+            return
+        lifted = [self.four_d.get(a) for a in args]
+        if (op in _UNARY_EW or op in _BINARY_EW) and any(w is not None for w in lifted) \
+                and all(w is not None or _scalar_constant(a) for a, w in zip(args, lifted)):
+            wide = self.builder_.emit(relax.Call(value.op, [w if w is not None else a for a, w in zip(args, lifted)],
+                                                 value.attrs, value.ty_args), binding.var.name)
+            narrow = relax.op.squeeze(wide, [2])
+            var = (self.builder_.emit(narrow, binding.var.name) if isinstance(binding.var, relax.DataflowVar)
+                   else self.builder_.emit_output(narrow, binding.var.name))
+            self.set_var_remap(binding.var, var)
+            self.four_d[binding.var] = wide
+            return
+        super().visit_var_binding_(binding)
+
+
+@tvm.transform.module_pass(opt_level=0, name="KeepConv1dChains4D")
+def KeepConv1dChains4D(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """Between two height-1 convs (Conv1dAsConv2d), the elementwise ops stay on the 4-D tensor: the squeeze
+    after one conv and the expand_dims before the next cancel. With them in place the layout step could not
+    carry NCHW{b}c through a squeeze, and put a transform on each side of every conv of Wav2Vec2's feature
+    extractor (15 transforms, 1.8 ms of its 10.7; Zen3). The squeezed copies left unused go at DCE."""
+    mutator = _KeepHeightOne(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
 # ------------------------------------------------------------------------ recognising decomposed ops
 
 @relax.expr_functor.mutator

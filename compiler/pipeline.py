@@ -6,6 +6,7 @@
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        Conv1dAsConv2d               conv1d as a height-1 conv2d (audio front ends: no conv1d kernel)
+       KeepConv1dChains4D           elementwise ops between two such convs stay 4-D (the layout passes through)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
@@ -61,7 +62,7 @@ from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_block
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
 from .precision import check as precision_check, dtype_census, to_precision
-from .passes import Conv1dAsConv2d, ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
+from .passes import Conv1dAsConv2d, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -430,7 +431,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                                                                     for k, v in bounds.items()})
     rep.dynamic = [str(d) for d in options.dynamic]
     mod = stage("fold_constant", [FoldConstantMoves, T.FoldConstant()], mod)
-    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d], mod)
+    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d, KeepConv1dChains4D], mod)
     if options.bn_folding:
         mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)

@@ -234,3 +234,29 @@ def test_a_depthwise_epilogue_runs_on_the_finished_row(always_block: None) -> No
     shared = [a for a, b in zip(conv, epilogue) if a.same_as(b)]
     names = [str(lp.loop_var) for lp in shared]
     assert shared and not any(n.startswith("x") for n in names), names      # batch, block and row loops only
+
+
+def test_elementwise_ops_between_conv1ds_keep_the_blocked_layout(always_block: None) -> None:
+    """conv1d -> GELU (erf form) -> conv1d, as audio front ends are exported: the GELU stays on the height-1
+    conv's 4-D output, so the layout passes from one conv to the next (the squeeze and expand_dims between
+    them put a transform on each side of every conv: Wav2Vec2's feature extractor had 15)."""
+    rng = np.random.default_rng(0)
+    c, width = 16, 41
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 3)) * 0.2).astype(np.float32), "w2")]
+    consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.array(v, np.float32), n))
+              for n, v in (("r2", 1.4142135), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y"], kernel_shape=[3], strides=[2]), *consts,
+             helper.make_node("Div", ["y", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["y", "p"], ["q"]),
+             helper.make_node("Mul", ["q", "half"], ["g"]), helper.make_node("Conv", ["g", "w2"], ["z"], kernel_shape=[3])]
+    out_w = (width - 3) // 2 + 1 - 2
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, width])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, c, out_w])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, c, width)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for fusion in (True, False):
+        built = compile_model(load(model, None, name="conv1d"), options=CompileOptions(fusion=fusion))
+        np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
+        assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
