@@ -107,6 +107,18 @@ def schedule_spatial_block(sch: s_tir.Schedule, blk: s_tir.schedule.SBlockRV, ho
         if do_par:
             sch.parallel(outer)
         return
+    if len(loops) > 1 and last % lanes:
+        # Long rows of an odd width (a 3199-sample audio frame): whole vectors along each row and the
+        # last few columns as a loop of their own. Fused across rows instead, the vectors straddled row
+        # ends and every lane needed a div/mod and a gather: Wav2Vec2's GroupNorm-scale + GELU kernel,
+        # 128 x 3199, 1.49 ms (3.6 ns an element; Zen3).
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        body, tail = sch.loop_partition(loops[-1], [last - last % lanes, None])
+        sch.vectorize(sch.split(body, [None, lanes])[1])
+        sch.vectorize(tail)
+        if do_par:
+            sch.parallel(outer)
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     inner_vec = lanes if total % lanes == 0 else 1
     if inner_vec > 1:
