@@ -459,10 +459,9 @@ def _pack_plan(
     sites: list[relax.Call],
 ) -> tuple[int, int, int] | None:
     """Pack a weight when it is a parameter fed by a Relax constant at every call site and splits evenly."""
-    idx = next((p for p, v in enumerate(func.params) if v.same_as(buffer_var)), None)
-    if idx is None or j_extent is None or nr < 4 or j_extent % nr or not _constant_param(func, buffer_var, sites):
+    if j_extent is None or nr < 4 or j_extent % nr or not _constant_param(func, buffer_var, sites):
         return None
-    return idx, j_dim, nr
+    return next(p for p, v in enumerate(func.params) if v.same_as(buffer_var)), j_dim, nr
 
 
 def _constant_param(func: tirx.PrimFunc, buffer_var: object, sites: list[relax.Call]) -> bool:
