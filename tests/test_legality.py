@@ -67,9 +67,10 @@ def test_convexity_violation_names_the_cycle() -> None:
 
 #: The default run draws the same examples every time (a red CI blocks landing); FUSEGUARD_DAG_EXPLORE=1
 #: (the nightly workflow) draws new ones and FUSEGUARD_DAG_EXAMPLES raises the count. Every failure found
-#: so far is a regression test below.
+#: so far is a regression test below. 100 by default: 200 took 78 s of the default run, which is held to ~30
+#: minutes on CI's 2 cores (34 min on a slow Zen3 VM); the nightly draws 1000.
 _CI = not os.environ.get("FUSEGUARD_DAG_EXPLORE")
-_EXAMPLES = int(os.environ.get("FUSEGUARD_DAG_EXAMPLES", "200"))
+_EXAMPLES = int(os.environ.get("FUSEGUARD_DAG_EXAMPLES", "100"))
 
 
 @settings(max_examples=_EXAMPLES, deadline=None, derandomize=_CI, suppress_health_check=[HealthCheck.too_slow])
