@@ -561,7 +561,6 @@ class _Replacer(relax.PyExprMutator):
         super().__init__(mod)
         self.mod_ = mod
         self.replacements, self.spec = replacements, spec
-        self.replaced: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []      # (kernel, composite) per replaced call, in order
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -573,7 +572,6 @@ class _Replacer(relax.PyExprMutator):
             if new is not None:
                 var = self.builder_.emit(new, binding.var.name)
                 if isinstance(new, relax.Call) and new.op.name == "relax.call_tir":
-                    self.replaced[new.args[0].name_hint] = call.op.name_hint
                     self.calls.append((new.args[0].name_hint, call.op.name_hint))
                 self.set_var_remap(binding.var, var)
                 return
@@ -595,8 +593,8 @@ def apply_replacements(mod: tvm.IRModule, replacements: dict,
     main = mod.get_global_var("main")
     rep.builder_.update_func(main, rep.visit_expr(mod["main"]))
     out = rep.builder_.get()
-    for name in rep.replaced:
+    for name, composite in dict(rep.calls).items():
         gv = out.get_global_var(name)
-        out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", rep.replaced[name])
+        out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", composite)
     out = relax.transform.DeadCodeElimination(["main"])(out)
     return out, rep.calls

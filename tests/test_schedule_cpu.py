@@ -220,13 +220,8 @@ def test_conv_tile_search(target: tvm.target.Target, kwargs: dict) -> None:
 
 
 def _parallel_extents(mod: tvm.IRModule) -> list[int]:
-    import tvm_ffi
-
-    loops: list = []
-    for func in mod.functions.values():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            tvm_ffi.structural_walk(func, (tvm.tirx.For, loops.append), order="post")
-    return [int(f.extent) for f in loops if f.kind == tvm.tirx.ForKind.PARALLEL]
+    return [int(f.extent) for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)
+            for f in _loops(func) if f.kind == tvm.tirx.ForKind.PARALLEL]
 
 
 @pytest.mark.parametrize("kwargs", [
