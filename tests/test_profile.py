@@ -93,3 +93,37 @@ def test_a_node_split_into_several_kernels_pairs_each_with_its_own_kind() -> Non
     view, transform, conv = group_parts(fused, unfused)
     assert (view.parts, transform.parts, transform.parts_us) == (1, 1, 5.0)
     assert (conv.parts, conv.parts_us) == (2, 32.0)
+
+
+def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
+    """profile and tune time TVM alone: the pool spins as deployed (spinning off made every parallel kernel
+    pay a wake-up and read bert_tiny's attention 2.7x slower than deployed); bench, which times ONNX Runtime
+    in the same process, turns it off on both sides."""
+    import verify.cli as cli
+    import verify.worker as worker_mod
+
+    seen: dict[str, dict[str, str]] = {}
+
+    class Recorder:
+        def __init__(self, *, env, **_: object) -> None:
+            self.env = env
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    def fake_each_model(args, worker, task, verb, **kwargs):
+        seen[args.command] = dict(worker.env)
+        return iter(())
+
+    monkeypatch.setattr(worker_mod, "Worker", Recorder)
+    monkeypatch.setattr(cli, "_each_model", fake_each_model)
+    for command in ("profile", "tune"):
+        assert cli.main([command, "mlp_gelu"]) == 0
+        assert "TVM_THREAD_POOL_SPIN_COUNT" not in seen[command], command
+        assert seen[command]["TVM_NUM_THREADS"]
+    from verify.timing import timing_env
+
+    assert timing_env(2)["TVM_THREAD_POOL_SPIN_COUNT"] == "0"

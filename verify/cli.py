@@ -715,7 +715,7 @@ def _profile(args: argparse.Namespace) -> int:
     threads = args.threads or host_cores()
     console = Console(width=None if sys.stdout.isatty() else 200)
     results, args.worst = [], EXIT_OK
-    env = {**env_for(args.plugin), **timing_env(threads)}
+    env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
         for _, result in _each_model(args, worker, "verify.profile:profile_model", "profiling", options=options,
                                      threads=threads, repeats=args.repeats):
@@ -745,7 +745,7 @@ def _tune(args: argparse.Namespace) -> int:
         raise UsageError("fuseguard tune measures on the host CPU")
     threads = args.threads or host_cores()
     args.worst = EXIT_OK
-    env = {**env_for(args.plugin), **timing_env(threads)}
+    env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
         for _, result in _each_model(args, worker, "verify.tune:tune_model", "tuning", options=options,
                                      threads=threads, repeats=args.repeats, db=args.decision_db):

@@ -295,7 +295,7 @@ def fusion_pays(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_o
 
     cfg = request.config
     threads = host_cores()
-    env = {**env_for(cfg.getoption("--fuseguard-plugin") or []), **timing_env(threads)}
+    env = {**env_for(cfg.getoption("--fuseguard-plugin") or []), **timing_env(threads, against_ort=False)}
 
     def run(source: Any):
         if gpu_arch and not cuda_device_present():
