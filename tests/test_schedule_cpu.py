@@ -661,3 +661,26 @@ def test_a_layernorm_that_also_outputs_its_residual_sum_keeps_the_vector_rule() 
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
     for got, ref in zip(built.run(inputs), want):
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+
+
+def test_a_transcendental_kernel_goes_parallel_at_fewer_iterations(target: tvm.target.Target) -> None:
+    """ViT's [2364, 197] softmax has 1.9 M block iterations, under the parallel threshold when each counts
+    one, so it ran serial (670 us; 302 us on two threads, Zen3). Its exp (a fast-math Let chain) weighs
+    TRANSCENDENTAL_WORK per element: the rows run parallel. The same rows of an add-only kernel stay serial."""
+    from tvm import te, topi
+
+    from compiler.schedule.cpu import PARALLEL_MIN_WORK, TRANSCENDENTAL_WORK
+
+    shape = (12, 197, 197)
+    elements = 12 * 197 * 197
+    assert 4 * elements < PARALLEL_MIN_WORK <= (3 + TRANSCENDENTAL_WORK) * elements
+    x = te.placeholder(shape, name="x")
+    softmax = te.create_prim_func([x, topi.nn.softmax(x, axis=-1)]).with_attr("global_symbol", "softmax")
+    plain = te.create_prim_func([x, te.compute(shape, lambda i, j, k: x[i, j, k] + 1.0, name="y")]) \
+        .with_attr("global_symbol", "plain")
+    with target:
+        sched, _ = schedule_cpu_module_with_report(tvm.IRModule({"softmax": softmax, "plain": plain}), target,
+                                                   num_threads=2)
+    parallel = {gv.name_hint: any(f.kind == tirx.ForKind.PARALLEL for f in _loops(func))
+                for gv, func in sched.functions_items()}
+    assert parallel == {"softmax": True, "plain": False}, parallel
