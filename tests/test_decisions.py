@@ -65,3 +65,19 @@ def test_tune_writes_the_database(tmp_path: Path) -> None:
     (entry,) = [e for e in doc["entries"].values() if e["pattern"] == "matmul_bias_gelu"][:1]
     assert entry["fused_us"] > 0 and entry["parts_us"] > 0 and isinstance(entry["fuse"], bool)
     assert "matmul_bias_gelu" in proc.stdout
+
+
+def test_tune_splits_only_beyond_the_margin_and_the_hooks_resolution() -> None:
+    """A group 1.8 us fused against 0.2 us of parts is under the profile hook's ~2 us resolution (vit_tiny's
+    add + LayerNorm: tune split 3 of its 5 groups on that); 30 vs 20 us is a real loss; 104 vs 100 us is
+    inside the 5% margin."""
+    from verify.profile import GroupProfile
+    from verify.tune import measured_verdicts
+
+    def group(key: str, fused: float, parts: float) -> GroupProfile:
+        return GroupProfile(kernel="k", pattern="layernorm", nodes=["n"], fused_us=fused, parts_us=parts, parts=2,
+                            bytes=0, flops=0, reason="", key=key)
+
+    verdicts = measured_verdicts([group("tiny", 1.8, 0.2), group("slow", 30.0, 20.0), group("close", 104.0, 100.0)],
+                                 "m", "2026-12-03")
+    assert {k: v[0].fuse for k, v in verdicts.items()} == {"tiny": True, "slow": False, "close": True}

@@ -2,8 +2,8 @@
 
 The analytic cost model (compiler/cost.py) decides first; where this database holds a measurement of the
 same group structure on the same architecture, the measurement wins (compiler/decisions.py). A group is
-split back only when its fused kernel is slower than its unfused parts by more than `TUNE_MARGIN`: inside
-that margin one process's timing noise decides, and fusing keeps the memory-traffic saving.
+split back only when its fused kernel is slower than its unfused parts by more than `TUNE_MARGIN` and
+`TUNE_MIN_US`: inside them one process's timing noise decides, and fusing keeps the memory-traffic saving.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from typing import Any
 #: Relative slowdown of a fused kernel against its parts that splits it back. 5%: per-kernel medians of
 #: 20 runs in one process moved by 2-4% between runs on this 2-core machine (fuseguard profile, repeated).
 TUNE_MARGIN = 0.05
+#: ... and by more than this many microseconds a call. The profile's per-call hook costs ~2 us, measured and
+#: subtracted: kernels shorter than that read 0.0-0.2 us (vit_tiny's unfused add + LayerNorm parts, against
+#: 1-2 us fused), so a relative margin alone split back groups on the hook's own noise (3 of vit_tiny's 5).
+TUNE_MIN_US = 2.0
 
 
 @dataclass
@@ -54,7 +58,8 @@ def measured_verdicts(groups: Sequence[Any], model: str, when: str) -> dict[str,
         names[g.key] = g.pattern
     out = {}
     for key, (fused, parts, n) in sums.items():
-        out[key] = (Measured(fuse=fused <= parts * (1 + TUNE_MARGIN), fused_us=fused / n, parts_us=parts / n,
+        slower = fused > parts * (1 + TUNE_MARGIN) and (fused - parts) / n > TUNE_MIN_US
+        out[key] = (Measured(fuse=not slower, fused_us=fused / n, parts_us=parts / n,
                              model=model, measured_at=when), names[key], int(n))
     return out
 
