@@ -182,9 +182,7 @@ def _work(func: tirx.PrimFunc) -> int:
         for iv in block.iter_vars:
             ext = iv.dom.extent
             n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1 << 20
-        lets: list[object] = []
-        tvm_ffi.structural_map(block.body, (tirx.Let, lambda e: lets.append(e) or e), order="post")
-        total += n * (TRANSCENDENTAL_WORK if lets else 1)
+        total += n * (TRANSCENDENTAL_WORK if approx.has_fast_math(block.body) else 1)
     return total
 
 

@@ -15,6 +15,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from ..hostcpu import HostCPU
+from . import approx
 from .tir_analysis import BufferLoad, _realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks, try_inline_all
 
 # Below this many output elements a parallel region costs more than it saves (thread wake-up ~µs).
@@ -272,11 +273,7 @@ def _shared_transcendentals(sch: s_tir.Schedule) -> list[s_tir.schedule.SBlockRV
     keep = []
     for blk in root_blocks(sch):
         block = sch.get(blk)
-        if not is_spatial(block) or len(sch.get_consumers(blk)) < 2:
-            continue
-        found = []
-        tvm_ffi.structural_map(block.body, (tirx.Let, lambda e: found.append(e) or e), order="post")
-        if found:
+        if is_spatial(block) and len(sch.get_consumers(blk)) >= 2 and approx.has_fast_math(block.body):
             keep.append(blk)
     return keep
 
