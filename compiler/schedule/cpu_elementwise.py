@@ -16,7 +16,8 @@ from tvm.s_tir import dlight
 
 from ..hostcpu import HostCPU
 from . import approx
-from .tir_analysis import BufferLoad, _realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks, try_inline_all
+from .tir_analysis import (BufferLoad, _realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks,
+                           try_inline_all)
 
 # Below this many output elements a parallel region costs more than it saves (thread wake-up ~µs).
 PARALLEL_MIN_ELEMS = 16384
@@ -158,7 +159,8 @@ def schedule_vector_row_reduction(func: tirx.PrimFunc, host: HostCPU, *, num_thr
     independent partial results accumulated as one vector, then the lanes are combined (a row no vector
     divides is padded first, `pad_row_reductions`: ViT's [2364, 197] softmax 1156 -> 302 us, Wav2Vec2's
     GroupNorm over 3199 frames 3.5 -> 0.55 ms, Zen3); everything else as dlight does (rows parallel,
-    elementwise parts vectorised, every block computed per row). The sum is reassociated (lane-wise partial sums): results move by rounding only.
+    elementwise parts vectorised, every block computed per row). The sum is reassociated (lane-wise partial
+    sums): results move by rounding only.
     None when the function is not a row-wise kernel of that form."""
     sch = s_tir.Schedule(func)
     blocks = try_inline_all(sch, keep=_shared_transcendentals(sch))
@@ -308,7 +310,8 @@ def pad_row_reductions(func: tirx.PrimFunc, widths: dict[str, int], lanes: int) 
 
         if sides[0] is None or sides[1] is None or is_acc(sides[0]) == is_acc(sides[1]):
             return loop
-        clamped = tirx.min(red.var, tirx.const(ext - 1, str(red.dom.extent.ty)))
+        index = str(red.dom.extent.ty)
+        clamped = tirx.min(red.var, tirx.const(ext - 1, index))
 
         def clamp(e):  # noqa: ANN001, ANN202 - any TIR node
             return tvm_ffi.structural_map(e, (tirx.Var, lambda v: clamped if v.same_as(red.var) else v), order="post")
@@ -316,13 +319,13 @@ def pad_row_reductions(func: tirx.PrimFunc, widths: dict[str, int], lanes: int) 
         k = 1 if is_acc(sides[0]) else 0
         # if_then_else: the partial vector is scalarised. A Select kept it a vector, but LLVM rejected the
         # clamped 6-lane load TVM made of it ("Invalid shufflevector operands", a 30-wide softmax)
-        guarded = tirx.if_then_else(red.var < tirx.const(ext, str(red.dom.extent.ty)), clamp(sides[k]), init.value)
+        guarded = tirx.if_then_else(red.var < tirx.const(ext, index), clamp(sides[k]), init.value)
         new_value = type(value)(sides[0], guarded) if k == 1 else type(value)(guarded, sides[1])
         padded = (ext + lanes - 1) // lanes * lanes
-        iter_vars = [*block.iter_vars[:-1], tirx.IterVar(tvm.ir.Range(0, tirx.const(padded, str(red.dom.extent.ty))), red.var,
-                                                        red.iter_type)]
-        reads = [tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(clamp(rg.min), rg.extent) for rg in r.region])
-                 for r in block.reads]
+        iter_vars = [*block.iter_vars[:-1],
+                     tirx.IterVar(tvm.ir.Range(0, tirx.const(padded, index)), red.var, red.iter_type)]
+        reads = [tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(clamp(rg.min), rg.extent)
+                                              for rg in r.region]) for r in block.reads]
         new_block = s_tir.SBlock(iter_vars, reads, block.writes, block.name_hint,
                                  tirx.BufferStore(store.buffer, new_value, store.indices), init,
                                  block.alloc_buffers, block.match_buffers, block.annotations)
