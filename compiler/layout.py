@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 
+from .padding import PadSummary, pad_channels
 from .passes import FoldConstantMoves, each_relax_function, static_dims
 
 _CONV = "relax.nn.conv2d"
@@ -45,13 +46,18 @@ class LayoutSummary:
     macs: int = 0           # multiply-accumulates of the blocked convs
     moved: int = 0          # elements the transforms at the model's edges (its inputs and outputs) copy
     kept_nchw: str = ""     # why the blocked module was not used
+    padded: int = 0         # convs whose output channels were padded to whole blocks (compiler/padding.py)
+    pad_macs: int = 0       # multiply-accumulates the padding adds
+
 
     def line(self) -> str:
         if not self.block:
             return "layout: NCHW (step off)"
         if self.kept_nchw:
             return f"layout: NCHW ({self.kept_nchw})"
-        return (f"layout: NCHW{self.block}c for {self.blocked_convs} of {self.convs} convs, "
+        padded = (f" ({self.padded} padded to whole blocks, +{100 * self.pad_macs / max(self.macs, 1):.1f}% MACs)"
+                  if self.padded else "")
+        return (f"layout: NCHW{self.block}c for {self.blocked_convs} of {self.convs} convs{padded}, "
                 f"{self.transforms} layout transforms on activations")
 
 
@@ -175,17 +181,19 @@ def _each(mutator: type, mod: tvm.IRModule) -> tvm.IRModule:
     return each_relax_function(mod, visitor.visit_expr)
 
 
-def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSummary]:
-    """Every convertible conv in NCHW{block}c, the layout propagated, weights packed at compile time; the
-    NCHW module back when its transforms would cost more than blocking saves (MIN_MACS_PER_MOVED)."""
+def to_blocked(mod: tvm.IRModule, block: int, pad: bool = True) -> tuple[tvm.IRModule, LayoutSummary]:
+    """Every convertible conv in NCHW{block}c (with ``pad``, convs whose channels are not whole blocks padded
+    first), the layout propagated, weights packed at compile time; the NCHW module back when its transforms
+    would cost more than blocking saves (MIN_MACS_PER_MOVED)."""
     if summarise(mod, block).convs == 0:
         return mod, LayoutSummary(block=block, kept_nchw="no conv")
     try:
-        blocked = _convert(mod, block)
+        blocked, pads = _convert(mod, block, pad)
+        summary = summarise(blocked, block)
     except Exception as err:  # noqa: BLE001 - TVM's ConvertLayout failing on a graph: NCHW is always right
         first = str(err).strip().splitlines()[-1][:160] if str(err).strip() else type(err).__name__
         return mod, LayoutSummary(block=block, kept_nchw=f"ConvertLayout failed: {first}")
-    summary = summarise(blocked, block)
+    summary.padded, summary.pad_macs = pads.convs, pads.extra_macs
     if summary.blocked_convs == 0:
         summary.kept_nchw = "no conv has channels in whole blocks of " + str(block)
         return mod, summary
@@ -196,7 +204,7 @@ def to_blocked(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, LayoutSumma
     return blocked, summary
 
 
-def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
+def _convert(mod: tvm.IRModule, block: int, pad: bool) -> tuple[tvm.IRModule, PadSummary]:
     def choose(call: relax.Call) -> dict[str, list[str]]:
         if not isinstance(call.op, tvm.ir.Op) or call.op.name != _CONV:
             return {}
@@ -205,10 +213,13 @@ def _convert(mod: tvm.IRModule, block: int) -> tvm.IRModule:
         return {_CONV: conv_layout(call, block) or ["NCHW", "OIHW"]}
 
     mod = _each(_ClipAsMinMax, mod)
+    pads = PadSummary()
+    if pad:
+        mod, pads = pad_channels(mod, block)
     mod = relax.transform.ConvertLayout({}, choose)(mod)
     # the weights packed in numpy, then FoldConstant only propagates the constants into their uses (cheap now)
     mod = relax.transform.FoldConstant()(FoldConstantMoves(relax.transform.Normalize()(mod)))
-    return relax.transform.DeadCodeElimination(["main"])(_each(_MinMaxAsClip, mod))
+    return relax.transform.DeadCodeElimination(["main"])(_each(_MinMaxAsClip, mod)), pads
 
 
 def summarise(mod: tvm.IRModule, block: int) -> LayoutSummary:

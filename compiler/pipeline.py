@@ -15,6 +15,9 @@
                                     accumulation, epilogues and statistics (compiler/precision.py)  [precision]
     4c to_blocked                  CPU: convs in NCHW{lanes}c, the layout propagated, weights packed
                                     (compiler/layout.py); the unfused build takes the same decision  [layout]
+       pad_channels                 first: convs whose channels are not whole blocks padded with zero
+                                    filters, the padding carried to the next conv (compiler/padding.py)
+                                                                                          [channel_padding]
        user passes "before_fusion"
     5  pattern fusion                                                                          [fusion]
        5a rule.prepare             rewrites a rule needs first (decomposed LayerNorm -> one op)
@@ -114,6 +117,9 @@ class CompileOptions:
     precision: str = "fp32"
     #: CPU: convs in the channel-blocked layout NCHW{vector lanes}c (compiler/layout.py)
     layout: bool = True
+    #: with the layout step: convs whose channels are not whole blocks padded with zero filters first, so
+    #: they block too (compiler/padding.py)
+    channel_padding: bool = True
 
     def __post_init__(self) -> None:
         precision_check(self.precision)
@@ -447,7 +453,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         chosen: list = []
 
         def _blocked(m: tvm.IRModule, _ctx: object) -> tvm.IRModule:
-            out, summary = to_blocked(m, lanes)
+            out, summary = to_blocked(m, lanes, options.channel_padding)
             chosen.append(summary)
             return out
 

@@ -156,7 +156,7 @@ def test_conv_layout_decisions() -> None:
 def test_a_layout_failure_keeps_the_model_nchw_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """TVM's ConvertLayout failing on a graph (std::bad_alloc on vit_tiny_dynamo's export) costs the layout
     step, never the build."""
-    def broken(mod, block):  # noqa: ANN001, ANN202
+    def broken(mod, block, pad):  # noqa: ANN001, ANN202
         raise RuntimeError("Check failed: something TVM refuses")
 
     monkeypatch.setattr(layout, "_convert", broken)
