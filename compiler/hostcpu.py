@@ -50,6 +50,12 @@ class HostCPU:
         return self.vector_bits // 32
 
     @property
+    def vector_loads_per_cycle(self) -> int:
+        """Full-width vector loads L1 serves a cycle: 2 on Intel cores with AVX-512 (two 512-bit load ports
+        since Skylake-SP); 1 elsewhere (what Zen3's conv tiles measured; Zen4 splits a 512-bit load in two)."""
+        return 2 if "avx512f" in self.features and not self.mcpu.startswith("znver") else 1
+
+    @property
     def vector_registers(self) -> int:
         """Architectural SIMD registers: 32 with AVX-512 or on AArch64, 16 with AVX/SSE."""
         if "avx512f" in self.features or "asimd" in self.features:

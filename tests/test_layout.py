@@ -204,6 +204,12 @@ def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None
     assert tiles(avx2, 14, 32, 8, group_blocks=2)[1] in (1, 2)      # a tile stays within its group
     mr, nb = tiles(avx512, 56, 8, 16)
     assert mr * nb <= 24 and 8 % nb == 0
+    # two 512-bit loads a cycle (Intel): broadcasts are cheap, the weight vectors streamed from L2 are not, so
+    # 7- and 14-wide planes take whole rows of 7 columns x 2 blocks (4 x 4 with a tail ran 1.2-1.5x slower)
+    spr = HostCPU(mcpu="sapphirerapids", cores=2, features=frozenset({"avx512f", "avx2", "fma"}))
+    assert spr.vector_loads_per_cycle == 2 and avx512.vector_loads_per_cycle == 1
+    assert tiles(spr, 7, 32, 16) == (7, 2) and tiles(spr, 14, 16, 16) == (7, 2)
+    assert tiles(spr, 56, 4, 16) == (4, 4)
     depthwise = blocked_tiles(BlockedConvInfo(block=None, depthwise=True, blocks=12, ow=13, lanes=8), avx2)
     assert depthwise is not None and depthwise[1] == 1
     # the first conv's NCHW input: no column tail (ResNet's 7x7 stem at 112 columns)

@@ -36,6 +36,9 @@ SCHEDULE_ATTR = "fuseguard.cpu_schedule"
 # Functions doing less work than this (summed block iteration counts) run single-threaded: a parallel
 # region costs microseconds when cores are idle but milliseconds when they are shared (the pool's
 # barrier waits for a descheduled worker), measured 0.2 ms serial vs 4-12 ms parallel for LayerNorm.
+# Re-measured lower with the A/B gate (SPR class, 2 threads, both pools not spinning): 1 << 19 made
+# MobileNet-V2 0.93x (its 0.5-4 M-iteration depthwise and pooling kernels) but ViT-tiny 1.18x and
+# MobileNetV3-small 1.17x slower; 1 << 21 MobileNetV3-small 1.22x slower, the rest unchanged. Kept.
 PARALLEL_MIN_WORK = 1 << 22
 
 

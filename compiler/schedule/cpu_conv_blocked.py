@@ -36,6 +36,13 @@ ACC_SHARE = 0.75
 #: at least ``acc / FMA_PER_CYCLE`` cycles, and at least FMA_LATENCY for the dependent accumulator chains.
 FMA_PER_CYCLE = 2
 FMA_LATENCY = 4
+#: Cycles a dense tile step spends per weight vector: a tile's weights (``nb`` blocks x C_in x taps, 36 KiB and
+#: up) stream from L2, one vector a cycle. Its broadcasts read an input row in L1, ``host.vector_loads_per_cycle``
+#: a cycle. Counted at one a cycle (the old estimate, Zen3's fit), SPR's 7- and 14-wide planes took 4-block
+#: tiles and ran 1.35-1.57x ORT where 7 columns x 2 blocks ran 1.05-1.20x (interleaved, 2 threads: 3x3 256->256
+#: at 14x14 937 vs 761 us, 1x1 1024->256 at 14x14 678 vs 547 us, 1x1 2048->512 at 7x7 707 vs 539 us, 3x3
+#: 512->512 at 7x7 1263 vs 943 us; at 28 and 56 wide the two tiles were within 3%).
+WEIGHT_LOAD_CYCLES = 1.0
 
 
 @dataclass(frozen=True)
@@ -109,9 +116,10 @@ def _group_blocks(channel: tirx.Expr, rc: tirx.Var) -> int | None:
 def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | None:
     """(mr output columns, nb channel blocks) with the most useful FMAs a cycle within the register budget.
 
-    A tile step issues ``mr * nb`` FMAs for ``mr`` broadcast loads and ``nb`` weight-vector loads; loads, not
-    FMAs, bound it (one a cycle fits what was measured), so the estimate is ``useful / max(acc / 2, mr + nb, 4)``
-    with ``useful`` the accumulators a step keeps busy on average over the tail. Measured interleaved against
+    A tile step issues ``mr * nb`` FMAs for ``mr`` broadcast loads and ``nb`` weight-vector loads; the estimate
+    is ``useful / max(acc / 2, nb * WEIGHT_LOAD_CYCLES + mr / loads_per_cycle, 4)`` with ``useful`` the
+    accumulators a step keeps busy on average over the tail (depthwise: ``mr`` input vectors and one weight,
+    a cycle each). Measured interleaved against
     ORT (Zen3, 2 threads): 3x3 64->64 at 56x56 3x4 1.04x, 4x2 1.12x, 2x4 1.15x, 8x1 1.31x, 12x1 1.47x; 1x1
     512->1024 at 12x12 3x4 0.88x, 6x2 1.25x, 12x1 1.32x (the old rule, most accumulators then most columns,
     took 12x1). Columns need not divide the width (a guarded tail step: SqueezeNet's 13-wide planes allowed only
@@ -131,11 +139,13 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
             if info.nchw_in and info.ow % mr:
                 continue
             useful = info.ow * nb / -(-info.ow // mr)
-            cycles = max(mr * nb / FMA_PER_CYCLE, mr + nb, FMA_LATENCY)
-            key = (round(useful / cycles, 6), info.ow % mr == 0, -(mr + nb), mr, nb)
+            loads = mr + nb if info.depthwise else nb * WEIGHT_LOAD_CYCLES + mr / host.vector_loads_per_cycle
+            cycles = max(mr * nb / FMA_PER_CYCLE, loads, FMA_LATENCY)
+            # ties: the tile that divides the row, then the most accumulators (3x4 beat 4x2 by 8% on Zen3)
+            key = (round(useful / cycles, 6), info.ow % mr == 0, 0 if info.depthwise else mr * nb, -(mr + nb), mr, nb)
             if best is None or key > best:
                 best = key
-    return (best[3], best[4]) if best is not None else None
+    return (best[-2], best[-1]) if best is not None else None
 
 
 def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: HostCPU, *, num_threads: int) -> bool:
