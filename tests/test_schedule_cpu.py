@@ -677,7 +677,8 @@ def test_a_transcendental_kernel_goes_parallel_at_fewer_iterations(target: tvm.t
     assert 4 * elements < PARALLEL_MIN_WORK <= (3 + TRANSCENDENTAL_WORK) * elements
     x = te.placeholder(shape, name="x")
     softmax = te.create_prim_func([x, topi.nn.softmax(x, axis=-1)]).with_attr("global_symbol", "softmax")
-    plain = te.create_prim_func([x, te.compute(shape, lambda i, j, k: x[i, j, k] + 1.0, name="y")]) \
+    small = te.placeholder((4, 197, 197), name="x")     # 1.2 MB: under PARALLEL_MIN_BYTES too
+    plain = te.create_prim_func([small, te.compute(small.shape, lambda i, j, k: small[i, j, k] + 1.0, name="y")]) \
         .with_attr("global_symbol", "plain")
     with target:
         sched, _ = schedule_cpu_module_with_report(tvm.IRModule({"softmax": softmax, "plain": plain}), target,
@@ -685,3 +686,29 @@ def test_a_transcendental_kernel_goes_parallel_at_fewer_iterations(target: tvm.t
     parallel = {gv.name_hint: any(f.kind == tirx.ForKind.PARALLEL for f in _loops(func))
                 for gv, func in sched.functions_items()}
     assert parallel == {"softmax": True, "plain": False}, parallel
+
+
+def test_a_kernel_reading_megabytes_goes_parallel_at_few_iterations(target: tvm.target.Target) -> None:
+    """ResNet-50's classifier, [1, 2048] x [2048, 1000]: 2 M multiply-adds, under PARALLEL_MIN_WORK, but 8 MB of
+    weights to read, so it is bound by one core's bandwidth serial (541 us against ORT's 213, SPR class). Its
+    buffers reach PARALLEL_MIN_BYTES: parallel. The same matmul over 256 inputs (1 MB) stays serial. (1024
+    columns here: a B that is not a constant and no vector divides is padded by a parallel copy.)"""
+    from tvm import te
+
+    from compiler.schedule.cpu import PARALLEL_MIN_BYTES, PARALLEL_MIN_WORK
+
+    def matvec(k_dim: int, name: str) -> tirx.PrimFunc:
+        x, w = te.placeholder((1, k_dim), name="x"), te.placeholder((k_dim, 1024), name="w")
+        k = te.reduce_axis((0, k_dim), name="k")
+        y = te.compute((1, 1024), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="y")
+        return te.create_prim_func([x, w, y]).with_attr("global_symbol", name)
+
+    assert 2048 * 1024 < PARALLEL_MIN_WORK and 256 * 1024 * 4 < PARALLEL_MIN_BYTES <= 2048 * 1024 * 4
+    with target:
+        sched, report = schedule_cpu_module_with_report(tvm.IRModule({"big": matvec(2048, "big"),
+                                                                      "small": matvec(256, "small")}),
+                                                        target, num_threads=2)
+    assert set(report.scheduled.values()) == {"matmul"}, report.summary()
+    parallel = {gv.name_hint: any(f.kind == tirx.ForKind.PARALLEL for f in _loops(func))
+                for gv, func in sched.functions_items()}
+    assert parallel == {"big": True, "small": False}, parallel

@@ -11,6 +11,8 @@ as it was (correct, just slow) and listed in the report.  Every optimisation has
 
 from __future__ import annotations
 
+import math
+
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -40,6 +42,11 @@ SCHEDULE_ATTR = "fuseguard.cpu_schedule"
 # MobileNet-V2 0.93x (its 0.5-4 M-iteration depthwise and pooling kernels) but ViT-tiny 1.18x and
 # MobileNetV3-small 1.17x slower; 1 << 21 MobileNetV3-small 1.22x slower, the rest unchanged. Kept.
 PARALLEL_MIN_WORK = 1 << 22
+#: ... unless their buffers hold this many bytes: such a kernel is bound by reading them, ~100 us or more on
+#: one core, and a second core's bandwidth pays for the wake-up many times over. Serial, ResNet-50's
+#: 2048 -> 1000 classifier (2 M multiply-adds over 8 MB of weights) ran 541 us against ORT's 213, and its
+#: 3x3 max pool over 3.2 MB 217 us against 74 (SPR class, 2 threads, in the model).
+PARALLEL_MIN_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,7 @@ def schedule_cpu_module_with_report(
             continue
         if opts.fast_math:
             func = approx.rewrite_fast_math(func)
-        fthreads = threads if _work(func) >= PARALLEL_MIN_WORK else 1
+        fthreads = threads if _work(func) >= PARALLEL_MIN_WORK or _param_bytes(func) >= PARALLEL_MIN_BYTES else 1
         result = _schedule_one(func, target, host, opts, fthreads, call_sites.get(gv, []))
         if result is None:
             report.left_alone[gv.name_hint] = "no rule matched"
@@ -186,6 +193,18 @@ def _work(func: tirx.PrimFunc) -> int:
             ext = iv.dom.extent
             n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1 << 20
         total += n * (TRANSCENDENTAL_WORK if approx.has_fast_math(block.body) else 1)
+    return total
+
+
+def _param_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of the function's static parameters (inputs, weights, outputs); symbolic ones count nothing
+    (their functions choose per call, `_parallel_when_worth`)."""
+    total = 0
+    for param in func.params:
+        shape = getattr(param, "shape", None)
+        if not shape or not all(isinstance(d, tirx.IntImm) for d in shape):
+            continue
+        total += math.prod(int(d) for d in shape) * tvm.DataType(str(param.dtype)).bits // 8
     return total
 
 
