@@ -49,7 +49,6 @@ class LayoutSummary:
     padded: int = 0         # convs whose output channels were padded to whole blocks (compiler/padding.py)
     pad_macs: int = 0       # multiply-accumulates the padding adds
 
-
     def line(self) -> str:
         if not self.block:
             return "layout: NCHW (step off)"

@@ -32,7 +32,7 @@ from .passes import static_dims
 #: zero weight times inf is NaN in a real channel.
 _UNARY = frozenset({"relax.nn.relu", "relax.nn.silu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.sigmoid",
                     "relax.tanh", "relax.erf", "relax.negative", "relax.abs", "relax.clip", "relax.astype",
-                    "relax.nn.leakyrelu", "relax.nn.prelu_scalar"})
+                    "relax.nn.leakyrelu"})
 #: Binary ops and the value a constant operand's padded channels take (the op's identity: padded channels
 #: stay as small as the conv left them).
 _BINARY = {"relax.add": 0.0, "relax.subtract": 0.0, "relax.multiply": 1.0, "relax.divide": 1.0,
