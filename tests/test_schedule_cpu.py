@@ -290,6 +290,14 @@ def test_search_conv_tiles_shapes() -> None:
     assert search_conv_tiles(info(64, 56), avx512) == (8, 32)
     # AVX2: no divisor of 13 fits 5/8 of 16 registers; a one-vector column takes 13 of them, not 1
     assert search_conv_tiles(info(1000, 13), avx2) == (13, 8)
+    # a grouped conv's channel tile divides its group: RegNetY's 8 channels a group (48 channels) take 8, not 16
+    # (no group holds 16: the per-plane rule took it at 7-13 GFLOP/s); 12 a group on AVX2 has no tile of 8 or more
+    def grouped(oc: int, ow: int, group_out: int) -> ConvInfo:
+        return ConvInfo(block=None, n_iter=0, f_iter=1, y_iter=2, x_iter=3, red_iters=(4, 5, 6), w_buffer=None,
+                        f_dim=0, oc=oc, ow=ow, group_out=group_out)
+
+    assert search_conv_tiles(grouped(48, 56, 8), avx512)[1] == 8 and conv_tiles(grouped(208, 14, 8), avx512)[1] == 8
+    assert search_conv_tiles(grouped(48, 5, 12), avx2)[1] < 8
     for host in (avx512, avx2):
         for oc, ow in ((1000, 13), (256, 13), (64, 55), (128, 27), (512, 7), (36, 14), (64, 111)):
             mr, nr = search_conv_tiles(info(oc, ow), host)

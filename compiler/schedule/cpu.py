@@ -24,8 +24,8 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
-from .cpu_conv import (conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d, schedule_pointwise,
-                       tile_in_group)
+from .cpu_conv import (MIN_GROUP_TILE, conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d,
+                       schedule_pointwise, tile_in_group)
 from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
@@ -458,7 +458,7 @@ def _try_conv(
                     (pw_pack if attempt_pack else None)
     pack = None
     _, nr = conv_tiles(infos[0], host, search=opts.conv_tile_search)
-    if not tile_in_group(infos[0], nr):
+    if not tile_in_group(infos[0], nr) or (infos[0].group_out is not None and nr < MIN_GROUP_TILE):
         return None     # the per-plane rule takes it
     if opts.pack_weights:
         pack = _pack_plan(func, infos[0].w_buffer, infos[0].f_dim, nr, infos[0].oc, host, sites)
