@@ -12,7 +12,6 @@ as it was (correct, just slow) and listed in the report.  Every optimisation has
 from __future__ import annotations
 
 import math
-
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
