@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .passes import static_dims
+from .passes import each_relax_function, rebind, static_dims
 
 #: Ops that map finite values to finite values, elementwise: the padded channels may pass through them.
 #: Not exp, log, sqrt, pow, or a divide by a tensor: a padded zero could become inf or NaN there, and a
@@ -91,10 +91,7 @@ class _Pad(relax.PyExprMutator):
         """Bind the padded value, and the original var to its real channels (read by whatever does not
         commute with the slice; DCE drops it where nothing does)."""
         wide = self.builder_.emit(value, binding.var.name)
-        narrow = relax.op.strided_slice(wide, axes=[1], begin=[0], end=[real], assume_inbound=True)
-        var = (self.builder_.emit(narrow, binding.var.name) if isinstance(binding.var, relax.DataflowVar)
-               else self.builder_.emit_output(narrow, binding.var.name))
-        self.set_var_remap(binding.var, var)
+        rebind(self, binding.var, relax.op.strided_slice(wide, axes=[1], begin=[0], end=[real], assume_inbound=True))
         self.wide[binding.var] = (wide, real, pad)
 
     def _channel_const(self, const: relax.Expr, real: int, pad: int, fill: float) -> relax.Expr | None:
@@ -209,9 +206,7 @@ class _Pad(relax.PyExprMutator):
         self.summary.extra_macs += plane * taps * ((wide or c_out) * c_in - c_out * data[1])
         conv = relax.Call(call.op, [data_in, _const(values, call.args[1])], attrs, call.ty_args)
         if wide is None:
-            var = (self.builder_.emit(conv, binding.var.name) if isinstance(binding.var, relax.DataflowVar)
-                   else self.builder_.emit_output(conv, binding.var.name))
-            self.set_var_remap(binding.var, var)
+            rebind(self, binding.var, conv)
             return True
         self.summary.convs += 1
         self._emit_wide(binding, conv, c_out, wide)
@@ -223,11 +218,13 @@ def pad_channels(mod: tvm.IRModule, block: int) -> tuple[tvm.IRModule, PadSummar
     Where the padding cannot be carried to a conv (a concat, a reshape, the model's output reads the slice)
     the slice costs the layout step one transform (NCHW{b}c back to NCHW), as many as the conv left in NCHW
     would have cost it."""
-    out, summary = mod.clone(), PadSummary()
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mutator = _Pad(mod, block)
-            out[gv] = mutator.visit_expr(func)
-            summary.convs += mutator.summary.convs
-            summary.extra_macs += mutator.summary.extra_macs
-    return relax.transform.DeadCodeElimination(["main"])(out), summary
+    summary = PadSummary()
+
+    def rewrite(func: relax.Function) -> relax.Function:
+        mutator = _Pad(mod, block)
+        out = mutator.visit_expr(func)
+        summary.convs += mutator.summary.convs
+        summary.extra_macs += mutator.summary.extra_macs
+        return out
+
+    return relax.transform.DeadCodeElimination(["main"])(each_relax_function(mod, rewrite)), summary

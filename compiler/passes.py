@@ -313,6 +313,15 @@ _BINARY_EW = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.
                         "relax.maximum", "relax.minimum"})
 
 
+def rebind(mutator: relax.PyExprMutator, var: relax.Var, value: relax.Expr) -> relax.Var:
+    """Bind ``value`` in place of ``var`` as ``var`` was bound (a dataflow var, or the block's output, which
+    must stay visible outside it), under its name, and send ``var``'s uses to it."""
+    emit = mutator.builder_.emit if isinstance(var, relax.DataflowVar) else mutator.builder_.emit_output
+    new = emit(value, var.name)
+    mutator.set_var_remap(var, new)
+    return new
+
+
 def _scalar_constant(expr: relax.Expr) -> bool:
     """A constant operand that broadcasts the same in 3-D and 4-D: one element, or a PrimValue (no tensor
     type: clip's bounds)."""
@@ -349,9 +358,7 @@ class _KeepHeightOne(relax.PyExprMutator):
             wide = self.builder_.emit(relax.Call(value.op, [w if w is not None else a for a, w in zip(args, lifted)],
                                                  value.attrs, value.ty_args), binding.var.name)
             narrow = relax.op.squeeze(wide, [2])
-            var = (self.builder_.emit(narrow, binding.var.name) if isinstance(binding.var, relax.DataflowVar)
-                   else self.builder_.emit_output(narrow, binding.var.name))
-            self.set_var_remap(binding.var, var)
+            rebind(self, binding.var, narrow)
             self.four_d[binding.var] = wide
             return
         super().visit_var_binding_(binding)
