@@ -66,6 +66,9 @@ class CpuScheduleOptions:
     # An input image bigger than half of L2 is read once per L2-sized block of output-channel tiles, not once
     # per tile (cpu_conv.channel_block).
     conv_channel_block: bool = True
+    # The same for the channel-blocked convs of the layout step: input-channel blocks of L1-sized weights,
+    # each reused by the column tiles of several output rows (cpu_conv_blocked.reduction_blocking).
+    blocked_rc_block: bool = True
     # 1x1 stride-1 convs as a GEMM with the output row as the vector axis (cpu_conv.schedule_pointwise).
     conv_pointwise: bool = True
     # Grouped 1x1 convs on that kernel too, a tile within one group, instead of the per-plane rule (ShuffleNet).
@@ -299,7 +302,7 @@ def _schedule_one(
         if res is not None:
             return res
     if opts.conv and has_red:
-        res = _try_blocked(func, host, threads)
+        res = _try_blocked(func, host, threads, rc_block=opts.blocked_rc_block)
         if res is not None:
             return res
         res = _try_depthwise(func, host, threads, deinterleave=opts.depthwise_deinterleave,
@@ -382,14 +385,15 @@ def _try_matmul(
     return None
 
 
-def _try_blocked(func: tirx.PrimFunc, host: HostCPU, threads: int) -> tuple[tirx.PrimFunc, str, None] | None:
+def _try_blocked(func: tirx.PrimFunc, host: HostCPU, threads: int,
+                 rc_block: bool = True) -> tuple[tirx.PrimFunc, str, None] | None:
     """The channel-blocked convs of the layout step (compiler/layout.py)."""
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_blocked_conv(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
         return None
     try:
-        ok = schedule_blocked_conv(sch, infos[0], host, num_threads=threads)
+        ok = schedule_blocked_conv(sch, infos[0], host, num_threads=threads, rc_block=rc_block)
     except Exception:  # noqa: BLE001 - a form the rule does not take: the next rule gets a fresh copy
         return None
     rule = "pool-NCHWc" if infos[0].pool else "depthwise-conv2d-NCHWc" if infos[0].depthwise else "conv2d-NCHWc"

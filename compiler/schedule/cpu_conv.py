@@ -90,7 +90,7 @@ def match_conv2d(sch: s_tir.Schedule, block_rv: SBlockRV) -> ConvInfo | None:
                 oh=int_or_none(ivs[2].dom.extent),
                 kernel_area=_area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)),
                 pointwise=pointwise and _area(int_or_none(ivs[5].dom.extent), int_or_none(ivs[6].dom.extent)) == 1,
-                in_bytes=_image_bytes(d.source),
+                in_bytes=image_bytes(d.source),
                 group_out=group,
             )
     return None
@@ -123,7 +123,7 @@ def _grouped_channel(expr: object, f_var: tirx.Var, rc_var: tirx.Var) -> int | N
     return None
 
 
-def _image_bytes(buffer) -> int | None:  # noqa: ANN001 - a tirx.Buffer
+def image_bytes(buffer) -> int | None:  # noqa: ANN001 - a tirx.Buffer
     """Bytes of one image of a float32 NCHW buffer (None with a symbolic dim)."""
     dims = [int_or_none(d) for d in buffer.shape[1:]]
     return None if None in dims else 4 * math.prod(dims)   # type: ignore[arg-type]

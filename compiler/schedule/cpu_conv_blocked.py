@@ -23,6 +23,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
+from .cpu_conv import CHANNEL_BLOCK_L2_SHARE, image_bytes
 from .cpu_elementwise import schedule_spatial_block
 from .tir_analysis import (REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all,
                            widened_load)
@@ -43,6 +44,10 @@ FMA_LATENCY = 4
 #: at 14x14 937 vs 761 us, 1x1 1024->256 at 14x14 678 vs 547 us, 1x1 2048->512 at 7x7 707 vs 539 us, 3x3
 #: 512->512 at 7x7 1263 vs 943 us; at 28 and 56 wide the two tiles were within 3%).
 WEIGHT_LOAD_CYCLES = 1.0
+#: Share of L1D one reduction block's weights may take, and share the accumulators of the rows reusing it may
+#: take (the input rows need the rest); see :func:`reduction_blocking`.
+RC_BLOCK_L1_SHARE = 0.5
+ROWS_L1_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class BlockedConvInfo:
     #: a grouped conv: output blocks per group (a tile's channel blocks must share their group's input)
     group_blocks: int | None = None
     nchw_in: bool = False   # the first conv: NCHW input (a scalar broadcast per column and tap)
+    in_bytes: int | None = None     # one image of the input the conv reads (its padded copy)
 
 
 def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvInfo | None:
@@ -100,7 +106,7 @@ def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvIn
     return BlockedConvInfo(block=block_rv, depthwise=depthwise, blocks=int_or_none(ivs[1].dom.extent),
                            ow=int_or_none(ivs[3].dom.extent), lanes=int_or_none(ivs[4].dom.extent),
                            group_blocks=None if depthwise or nchw_in else _group_blocks(data.indices[1], ivs[5].var),
-                           nchw_in=nchw_in)
+                           nchw_in=nchw_in, in_bytes=image_bytes(data.source))
 
 
 def _group_blocks(channel: tirx.Expr, rc: tirx.Var) -> int | None:
@@ -148,7 +154,43 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
     return (best[-2], best[-1]) if best is not None else None
 
 
-def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: HostCPU, *, num_threads: int) -> bool:
+def reduction_blocking(rc_blocks: int, taps: int, lanes_in: int, nb: int, lanes: int, oh: int, ow: int,
+                       host: HostCPU) -> tuple[int, int] | None:
+    """(input-channel blocks per reduction block, output rows reusing it) so that one block's weights stay in
+    L1 while every column tile of those rows reads them, or None when the tile's weights fit L1 already.
+
+    Why: with the whole reduction inside each column tile, each tile streams its ``nb`` blocks' weights
+    (``nb`` x C_in x taps x ``lanes``, 64-147 KiB for ResNet-50's convs) from L2."""
+    if not host.l1d_bytes:
+        return None
+    per_block = nb * taps * lanes_in * lanes * 4
+    budget = host.l1d_bytes * RC_BLOCK_L1_SHARE
+    if per_block * rc_blocks <= budget:
+        return None
+    rcb = next((d for d in range(rc_blocks - 1, 0, -1) if rc_blocks % d == 0 and d * per_block <= budget), 1)
+    row_bytes = ow * nb * lanes * 4
+    rows = next((d for d in range(oh, 0, -1) if oh % d == 0 and d * row_bytes <= host.l1d_bytes * ROWS_L1_SHARE), 1)
+    return rcb, rows
+
+
+def channel_tile_block(info: BlockedConvInfo, nb: int, weight_bytes: int, host: HostCPU) -> int | None:
+    """Channel tiles per block when the input image does not stay in L2 while every tile reads it: a block of
+    tiles (their weights within half of L2) then shares each input row, read once; None keeps the channel tile
+    outermost (the weights read once, the input once per tile).
+
+    Why: ResNet-50's 256 -> 128 1x1 at 56x56 read its 3.2 MiB input twice and ran 819 us against ORT's 553."""
+    if info.in_bytes is None or info.blocks is None or not host.l2_bytes:
+        return None
+    if info.in_bytes <= host.l2_bytes * CHANNEL_BLOCK_L2_SHARE:
+        return None
+    tiles = info.blocks // nb
+    most = max(1, int(host.l2_bytes * CHANNEL_BLOCK_L2_SHARE // (weight_bytes * nb // info.blocks)))
+    block = max(k for k in range(1, min(most, tiles) + 1) if tiles % k == 0)
+    return block if block > 1 else None
+
+
+def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: HostCPU, *, num_threads: int,
+                          rc_block: bool = True) -> bool:
     tiles = blocked_tiles(info, host)
     if tiles is None:
         return False
@@ -164,6 +206,7 @@ def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: Host
     if not loops_match_iters(sch, conv):
         return False
     loops = sch.get_loops(conv)
+    blocking = None
     if info.depthwise:
         n, f, y, x, fi, ry, rx = loops
         xo, xi = sch.split(x, [None, mr])
@@ -174,21 +217,46 @@ def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: Host
         n, f, y, x, fi, *red = loops      # red: rc, ry, rx (, ri)
         fo, fb = sch.split(f, [None, nb])
         xo, xi = sch.split(x, [None, mr])
-        sch.reorder(n, fo, y, xo, *red, fb, xi, fi)
-        f, first_red, inner = fo, red[0], (fb, xi)
+        extents = [int_or_none(sch.get(lp).extent) for lp in (y, *red)]
+        cb = None
+        if rc_block and not info.nchw_in and None not in extents:
+            oh, rc_blocks, kh, kw, lanes_in = extents
+            blocking = reduction_blocking(rc_blocks, kh * kw, lanes_in, nb, info.lanes, oh, info.ow, host)
+            cb = channel_tile_block(info, nb, info.blocks * rc_blocks * kh * kw * lanes_in * info.lanes * 4, host)
+        if blocking is not None:
+            yo, yi = sch.split(y, [None, blocking[1]])
+            rco, rci = sch.split(red[0], [None, blocking[0]])
+        if cb is not None:
+            fob, fo = sch.split(fo, [None, cb])
+            outer = [n, fob, yo if blocking else y, fo]
+        else:
+            outer = [n, fo, yo if blocking else y]
+        if blocking is not None:
+            sch.reorder(*outer, rco, yi, xo, rci, *red[1:], fb, xi, fi)
+            tile_at, first_red = outer[-1], rco
+        else:
+            sch.reorder(*outer, xo, *red, fb, xi, fi)
+            tile_at, first_red = xo, red[0]
+        inner = (fb, xi)
     # A dense tile's epilogue runs on the tile while it is in registers. A depthwise tile is one block wide, and
     # its epilogue inside the column loop shared the registers with the taps' hoisted weights: a SiLU there
     # (13 constants) made LLVM spill the 5x5 weights, and the fused kernel ran slower than conv + separate
     # SiLU (240ch 5x5 at 28: 1.04-1.11x of its parts; at row level 0.77-0.79x; 144ch 5x5 s2 at 56: 1.14-1.23x
     # -> 0.96-0.98x; 3x3 and ReLU unchanged; Zen3, interleaved: `benchmarks/conv_kernels.py --unfused`).
-    sch.reverse_compute_at(epilogue, y if info.depthwise else xo, preserve_unit_loops=True)
+    sch.reverse_compute_at(epilogue, y if info.depthwise else tile_at, preserve_unit_loops=True)
     if num_threads > 1:
-        sch.parallel(sch.fuse(n, f, y))
+        sch.parallel(sch.fuse(*((n, f, y) if info.depthwise else outer)))
     for lp in inner:
         sch.unroll(lp)
     sch.vectorize(fi)
     eloops = sch.get_loops(epilogue)
     sch.vectorize(eloops[-1])      # the epilogue's tile loops stay rolled: unrolled, LLVM took 0.4 s longer
+    if not info.depthwise and blocking is not None:
+        # under the row block, one loop over its vectors: as a nest of constant loops LLVM unrolled it whole
+        # (224 vectors for a 1x1 at 28x28), and GoogLeNet compiled in 5.8 s against 4.9 s (5.1 s rolled)
+        own = eloops[1 if num_threads > 1 else len(outer):-1]
+        if len(own) > 1:
+            sch.fuse(*own)
     for prod in producers:
         pad = sch.get_sblock(prod)
         if info.depthwise and num_threads > 1:
