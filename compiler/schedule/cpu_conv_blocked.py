@@ -154,14 +154,17 @@ def blocked_tiles(info: BlockedConvInfo, host: HostCPU) -> tuple[int, int] | Non
     return (best[-2], best[-1]) if best is not None else None
 
 
-def reduction_blocking(rc_blocks: int, taps: int, lanes_in: int, nb: int, lanes: int, oh: int, ow: int,
+def reduction_blocking(rc_blocks: int, taps: int, lanes_in: int, mr: int, nb: int, lanes: int, oh: int, ow: int,
                        host: HostCPU) -> tuple[int, int] | None:
     """(input-channel blocks per reduction block, output rows reusing it) so that one block's weights stay in
     L1 while every column tile of those rows reads them, or None when the tile's weights fit L1 already.
 
     Why: with the whole reduction inside each column tile, each tile streams its ``nb`` blocks' weights
-    (``nb`` x C_in x taps x ``lanes``, 64-147 KiB for ResNet-50's convs) from L2."""
-    if not host.l1d_bytes:
+    (``nb`` x C_in x taps x ``lanes``, 64-147 KiB for ResNet-50's convs) from L2. Not for a tile with a column
+    tail (``mr`` not dividing ``ow``): its guard inside the reduction kept LLVM from holding the accumulators in
+    registers once they outlive the tile (a load and a store every step), and AVX2's 3-column tiles on 56-wide
+    rows ran 1.3-1.5x slower blocked."""
+    if not host.l1d_bytes or ow % mr:
         return None
     per_block = nb * taps * lanes_in * lanes * 4
     budget = host.l1d_bytes * RC_BLOCK_L1_SHARE
@@ -221,7 +224,7 @@ def schedule_blocked_conv(sch: s_tir.Schedule, info: BlockedConvInfo, host: Host
         cb = None
         if rc_block and not info.nchw_in and None not in extents:
             oh, rc_blocks, kh, kw, lanes_in = extents
-            blocking = reduction_blocking(rc_blocks, kh * kw, lanes_in, nb, info.lanes, oh, info.ow, host)
+            blocking = reduction_blocking(rc_blocks, kh * kw, lanes_in, mr, nb, info.lanes, oh, info.ow, host)
             cb = channel_tile_block(info, nb, info.blocks * rc_blocks * kh * kw * lanes_in * info.lanes * 4, host)
         if blocking is not None:
             yo, yi = sch.split(y, [None, blocking[1]])
