@@ -124,6 +124,19 @@ def test_bench_samples_fresh_processes_and_reports_intervals(tmp_path: Path) -> 
     assert "95% CI" in proc.stdout
 
 
+def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "1", "--thread-pools", "deployed",
+                     "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(out.read_text()).values()
+    assert entry["thread_pools"] == "deployed" and entry["ort_ms"] > 0
+    assert "thread pools deployed" in " ".join(proc.stdout.split())
+    refused = fuseguard("bench", "conv_bn_relu", "--dynamic", "batch", "--dim", "batch=1,2",
+                        "--thread-pools", "deployed")
+    assert refused.returncode != 0 and "--thread-pools" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_ratio_interval_from_processes_and_from_one_process() -> None:
     from verify.bench import ratio_interval
 

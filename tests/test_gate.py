@@ -261,6 +261,42 @@ def test_interleaving_alternates_direction_each_round(monkeypatch: pytest.Monkey
     assert "".join(order) == "abbaabba"
 
 
+def test_settled_sampling_waits_for_idle_and_warms_each_contender(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settle``: before each sample the process goes idle and the contender runs once untimed (its own pool
+    warm, no other pool spinning): with a/b interleaved every sample is preceded by a call of the same one."""
+    monkeypatch.setattr(timing, "_preemptions", None)
+    waits: list[int] = []
+    monkeypatch.setattr(timing, "wait_until_idle", lambda: waits.append(1))
+    order: list[str] = []
+    measure_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=0, repeats=2,
+                        min_time_s=0.0, settle=True)
+    assert "".join(order) == "aabbbbaa" and len(waits) == 4
+
+
+def test_waiting_until_idle_outlasts_a_spinning_thread() -> None:
+    """A thread spin-waiting 60 ms (as a runtime's pool does after a run) keeps the process busy: the wait
+    returns only once it stopped; an idle process settles within a few windows."""
+    import threading
+    import time
+
+    stop = time.perf_counter() + 0.06
+    spinner = threading.Thread(target=lambda: [None for _ in iter(lambda: time.perf_counter() < stop, False)])
+    spinner.start()
+    waited = timing.wait_until_idle()
+    spinner.join()
+    assert waited is not None and waited >= 0.05
+    assert timing.wait_until_idle() < 0.05
+    assert timing.wait_until_idle(cap_s=0.0) is None
+
+
+def test_ort_spins_only_when_asked() -> None:
+    parked = timing.ort_timing_options(2)
+    assert parked.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    spinning = timing.ort_timing_options(2, spinning=True)      # ORT's default: the key is not set
+    with pytest.raises(RuntimeError, match="allow_spinning"):
+        spinning.get_session_config_entry("session.intra_op.allow_spinning")
+
+
 def test_preempted_samples_are_retried_until_enough_are_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     pattern = iter([False, True] * 100)  # every other sample is preempted
     state = {"count": 0, "calls": 0}

@@ -9,6 +9,12 @@ Across processes (`--processes N`, docs/measurement.md): both builds are compile
 return their medians. Each ratio is the geometric mean of the per-process ratios with a 95% t-interval
 on their logarithms, so the interval includes the between-process variance (per-process speed modes);
 with one process it is a bootstrap over that process's rounds and says so.
+
+Thread pools (`--thread-pools`): ``parked`` (default) turns spin-waiting off in both runtimes, so that one's
+spinning threads cannot steal the cores of the other's run; every parallel kernel then pays a thread wake-up,
+which TVM's 50-60 kernels a convnet feel more than ORT (ResNet-50, SPR: +2.0 ms against +0.6 ms).
+``deployed`` keeps each runtime's default spinning and times each contender settled
+(`timing.measure_interleaved(settle=True)`): as a model runs deployed, at a cost of ~0.1 s a sample.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class BenchResult:
     kernels_fused: int
     kernels_unfused: int
     processes: int = 1
+    thread_pools: str = "parked"
     #: 95% intervals of fused/ORT and unfused/fused (see the module docstring), and the between-process
     #: spread of the fused build's per-process medians ((max - min) / median; 0 with one process)
     fused_vs_ort_ci: tuple[float, float] | None = None
@@ -72,10 +79,11 @@ class BenchResult:
         return d
 
 
-def _ort_session(model, threads: int, optimize: bool):
+def _ort_session(model, threads: int, optimize: bool, spinning: bool = False):
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), ort_timing_options(threads, optimize=optimize),
+    return ort.InferenceSession(model.SerializeToString(),
+                                ort_timing_options(threads, optimize=optimize, spinning=spinning),
                                 providers=["CPUExecutionProvider"])
 
 
@@ -114,8 +122,12 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
 
 
 def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
-                  contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt")) -> dict[str, list[float]]:
-    """In a fresh process: load the exported builds, time the contenders interleaved; usable samples."""
+                  contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt"),
+                  thread_pools: str = "parked") -> dict[str, list[float]]:
+    """In a fresh process: load the exported builds, time the contenders interleaved; usable samples.
+    With ``thread_pools="deployed"`` the process must have been started with TVM's spinning on
+    (``timing_env(against_ort=False)``)."""
+    deployed = thread_pools == "deployed"
     import json
     from pathlib import Path
 
@@ -134,11 +146,12 @@ def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int
         main = vm["main"]
         fns[f"tvm_{label}"] = (lambda main=main, args=args: main(*args))
     model = onnx.load(str(d / "model.onnx"))
-    ort_all, ort_none = _ort_session(model, threads, True), _ort_session(model, threads, False)
+    ort_all, ort_none = _ort_session(model, threads, True, deployed), _ort_session(model, threads, False, deployed)
     feed = {i.name: inputs[i.name] for i in ort_all.get_inputs()}
     fns["ort"] = lambda: ort_all.run(None, feed)
     fns["ort_noopt"] = lambda: ort_none.run(None, feed)
-    samples = measure_interleaved({k: fns[k] for k in contenders}, warmup=warmup, repeats=repeats, threads=threads)
+    samples = measure_interleaved({k: fns[k] for k in contenders}, warmup=warmup, repeats=repeats, threads=threads,
+                                  settle=deployed)
     return {k: [float(v) for v in s.usable_ms] for k, s in samples.items()}
 
 
@@ -162,7 +175,8 @@ def ratio_interval(per_process: Sequence[float], rounds: tuple[Sequence[float], 
     return float(np.exp(r[0])), (float(lo), float(hi))
 
 
-def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int) -> BenchResult:
+def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int,
+              thread_pools: str = "parked") -> BenchResult:
     """One BenchResult from the timing processes' samples (module docstring)."""
     med = {k: [float(np.median(run[k])) for run in runs] for k in runs[0]}
     overall = {k: float(np.median(v)) for k, v in med.items()}
@@ -181,7 +195,7 @@ def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int) 
                        kernels_fused=meta["fused"]["kernels"], kernels_unfused=meta["unfused"]["kernels"],
                        processes=len(runs), fused_vs_ort_ci=fo_ci, fusion_gain_ci=fg_ci,
                        between_process_spread=float(spread), per_process_ms=med, fused_vs_ort_est=fo,
-                       fusion_gain_est=fg)
+                       fusion_gain_est=fg, thread_pools=thread_pools)
 
 
 def _ci(value: float, ci: tuple[float, float] | None) -> str:

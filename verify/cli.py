@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "manifest.json (one model: DIR itself; several: DIR/<model>/...)")
     cp.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
 
+    from .timing import THREAD_POOLS
+
     b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
     b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
     _add_build_options(b)
@@ -81,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--processes", type=int, default=3, metavar="N",
                    help="fresh timing processes, each loading the exported builds (default 3; ratios get a "
                         "95%% interval over them)")
+    b.add_argument("--thread-pools", choices=THREAD_POOLS, default="parked",
+                   help="parked (default): spin-waiting off in both runtimes, so neither steals the other's "
+                        "cores; deployed: each runtime's default spinning, every contender timed after the "
+                        "process has gone idle, as a deployed model runs")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     b.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (times, "
                    "ratios against ONNX Runtime with intervals, chart)")
@@ -449,12 +455,15 @@ def _bench(args: argparse.Namespace) -> int:
     threads = args.threads or host_cores()
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     if options.dynamic:
+        if args.thread_pools != "parked":
+            raise UsageError("bench --dynamic times with the thread pools parked; leave out --thread-pools")
         return _bench_cliff(args, options, threads, shapes)
     if args.buckets:
         raise UsageError("--buckets pads sizes of a symbolic build: give --dynamic NAME too")
     from .timing import timing_env
 
-    env = {**env_for(args.plugin), **timing_env(threads)}
+    deployed = args.thread_pools == "deployed"
+    env = {**env_for(args.plugin), **timing_env(threads, against_ort=not deployed)}
     console = Console(width=None if sys.stdout.isatty() else 160)
     results, worst = [], EXIT_OK
     import tempfile
@@ -481,8 +490,8 @@ def _bench(args: argparse.Namespace) -> int:
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
                         runs.append(timer.call("verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
                                                timeout=args.timeout, directory=directory, threads=threads,
-                                               repeats=args.repeats))
-                result = aggregate(meta, runs, threads)
+                                               repeats=args.repeats, thread_pools=args.thread_pools))
+                result = aggregate(meta, runs, threads, args.thread_pools)
             except FuseguardError as err:
                 print(f"fuseguard: error: {err}", file=sys.stderr)
                 worst = max(worst, err.exit_code)
@@ -495,7 +504,8 @@ def _bench(args: argparse.Namespace) -> int:
             progress.done(label, f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} ms, "
                                  f"ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)")
     console.print(render(results, f"fuseguard bench ({threads} threads, {args.processes} fresh process(es) x "
-                                  f">= {args.repeats} interleaved rounds after warm-up; "
+                                  f">= {args.repeats} interleaved rounds after warm-up, thread pools "
+                                  f"{args.thread_pools}; "
                                   f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
     if args.json:
         from .atomic import atomic_write_json

@@ -176,12 +176,18 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min
 
 def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
                         min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
-                        threads: int | None = None, max_rounds: int | None = None) -> dict[str, Samples]:
+                        threads: int | None = None, max_rounds: int | None = None,
+                        settle: bool = False) -> dict[str, Samples]:
     """Time several functions alternately, one sample each per round, so drift hits all of them equally.
 
     Rounds alternate direction (A B, B A, A B, ...): plain ABAB would always run B right after A, so
     any cache or clock state A leaves behind would bias B only. Rounds continue until every function
     has ``repeats`` unpreempted samples or ``max_rounds`` (default 4 x repeats) rounds were run.
+
+    ``settle``: before each sample, wait until the process is idle (:func:`wait_until_idle`: the previous
+    contender's thread pool has stopped spin-waiting) and make one untimed call, so each contender is timed
+    in its own steady state with its runtime's default thread pool, as deployed, and no pool steals from
+    another's run (see :data:`NO_SPIN_ENV` for what that theft costs).
     """
     rounds_cap = 4 * repeats if max_rounds is None else max_rounds
     _check(warmup, repeats, min_time_s, rounds_cap)
@@ -198,6 +204,9 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
         r = 0
         while r < repeats or (r < rounds_cap and min(clean.values()) < repeats):
             for name in names if r % 2 == 0 else reversed(names):
+                if settle:
+                    wait_until_idle()
+                    _timed(fns[name], 1, sync)
                 elapsed, preempted = _sample(fns[name], inner[name], sync)
                 times[name].append(elapsed / inner[name])
                 switches[name].append(preempted)
@@ -221,6 +230,28 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
 NO_SPIN_ENV = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
 
+#: How `fuseguard bench` runs the runtimes' thread pools (verify/bench.py's docstring).
+THREAD_POOLS = ("parked", "deployed")
+#: How long an idle process must use no CPU to count as settled, and the most one wait may take. After a run
+#: TVM's pool spin-waits ~45 ms and ORT's ~25 ms (ResNet-50, SPR class, `time.process_time` sampled every
+#: 5 ms); interleaved with default spinning and no wait, TVM read 46.7 ms against 24.2 ms alone, with a fixed
+#: 20 ms pause ORT read 32.0 against 22.6; settled, 24.6 and 23.3.
+IDLE_WINDOW_S = 0.005
+IDLE_CAP_S = 1.0
+
+
+def wait_until_idle(window_s: float = IDLE_WINDOW_S, cap_s: float = IDLE_CAP_S) -> float | None:
+    """Sleep until a ``window_s`` passes with this process (all its threads) using under a tenth of it in
+    CPU time: spinning thread pools have parked. Seconds waited, or None if ``cap_s`` passed first."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < cap_s:
+        cpu = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - cpu < 0.1 * window_s:
+            return time.perf_counter() - start
+    return None
+
+
 def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[str, str]:
     """Environment for a timing worker: TVM's pool pinned to the same thread count ORT gets (TVM's default
     counts physical cores, which halves it on SMT hosts), and no spinning where ORT is timed beside TVM.
@@ -237,8 +268,9 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[
     return {**(NO_SPIN_ENV if against_ort else {}), "TVM_NUM_THREADS": str(threads)}
 
 
-def ort_timing_options(threads: int, *, optimize: bool = True):
-    """ONNX Runtime session options for a fair timing: fixed threads, no spin-waiting, quiet log."""
+def ort_timing_options(threads: int, *, optimize: bool = True, spinning: bool = False):
+    """ONNX Runtime session options for a fair timing: fixed threads, no spin-waiting (unless ``spinning``:
+    ORT's default, timed settled), quiet log."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -246,8 +278,9 @@ def ort_timing_options(threads: int, *, optimize: bool = True):
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
 
