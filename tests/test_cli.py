@@ -49,6 +49,8 @@ def test_no_fusion_makes_the_wrong_fusion_disappear() -> None:
     (["verify", "conv_bn_relu", "--gpu-arch", "ampere"], "sm_XX"),
     (["verify", "--bogus-flag"], "unrecognized arguments"),
     (["verify", "conv_bn_relu", "--plugin", "no_such_module_xyz"], "cannot import"),
+    (["verify", "conv_bn_relu", "--profile", "--gpu-arch", "sm_80"], "leave out --gpu-arch"),
+    (["bench", "conv_bn_relu", "--dynamic", "batch", "--dim", "batch=1,2", "--html", "x.html"], "leave out --html"),
 ])
 def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None:
     proc = fuseguard(*args)

@@ -83,3 +83,89 @@ def test_gate_page_marks_regressions() -> None:
     page = render_gate([ok, bad], base="a" * 40)
     assert "<span class='PASS'>same</span>" in page and "<span class='FAIL'>same</span>" in page
     assert "compile time 3.0 s -&gt; 4.0 s" in page and "data:image/png;base64," in page
+
+
+PLUGIN = Path(__file__).resolve().parent / "plugins" / "wrong_relu.py"
+
+
+def _well_formed(text: str) -> list[bytes]:
+    """Parse the page; return its embedded PNGs (each checked to be one)."""
+    checker = _Checker()
+    checker.feed(text)
+    assert not checker.errors and not checker.stack, (checker.errors, checker.stack)
+    assert not checker.external, checker.external
+    images = [base64.b64decode(i) for i in re.findall(r"src='data:image/png;base64,([^']+)'", text)]
+    assert images and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    return images
+
+
+def test_bisect_page_names_the_drifting_group_and_its_onnx_nodes(tmp_path: Path) -> None:
+    import json
+
+    page, out = tmp_path / "bisect.html", tmp_path / "bisect.json"
+    assert main(["bisect", "conv_bn_relu", "--plugin", str(PLUGIN), "--out", str(tmp_path / "repro"),
+                 "--json", str(out), "--html", str(page)]) == 1
+    result = json.loads(out.read_text())
+    # The failing comparison is kept (a failed CompareResult is falsy; the JSON had dropped it as None).
+    assert result["fused_vs_reference"] is not None and result["fused_vs_reference"]["passed"] is False
+    text = page.read_text()
+    _well_formed(text)
+    assert "culprit: fusion drift" in text and "conv2d_bias_act" in text and "the unfused build" in text
+    for node, op_type in zip(result["culprit"]["onnx_nodes"], result["culprit"]["onnx_op_types"]):
+        assert f"<td>{node}</td><td>{op_type}</td>" in text
+    assert "fused vs ORT: FAIL" in text and "unfused vs ORT: PASS" in text and "repro.onnx" in text
+
+
+def test_verify_profile_puts_each_group_beside_its_unfused_parts(tmp_path: Path) -> None:
+    import json
+
+    from verify.html import render_profile
+
+    page, out = tmp_path / "verify.html", tmp_path / "verify.json"
+    assert main(["verify", "conv_bn_relu", "--profile", "--json", str(out), "--html", str(page)]) == 0
+    (model,) = json.loads(out.read_text())["models"]
+    profile = model["profile"]
+    timed = {g["kernel"] for g in profile["groups"] if g["parts"]}
+    assert timed and timed <= {g["kernel"] for g in model["fused"]["report"]["groups"]} | {
+        s["kernel"] for s in profile["fused"]}
+    text = page.read_text()
+    _well_formed(text)
+    assert "unfused parts us" in text and "per-kernel profile" in text
+
+    # A group slower than its parts is marked on the profile page.
+    slow = next(g for g in profile["groups"] if g["parts"])
+    slow["fused_us"] = 2 * slow["parts_us"]
+    text = render_profile({model["model"]: profile})
+    _well_formed(text)
+    assert "<span class='FAIL'>0.50x</span>" in text and "% of sgemm" in text
+
+
+def _browser() -> str | None:
+    import shutil
+
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def test_pages_render_in_a_headless_browser(tmp_path: Path) -> None:
+    """The pages open in a real browser and their embedded plots are painted (matplotlib's first colour,
+    #1f77b4, fills the bars: a broken data URI shows an icon instead)."""
+    import subprocess
+
+    import pytest
+    from PIL import Image
+
+    from verify.html import render_bench
+
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium here (Debian package `chromium`; .ci/run installs it where it can)")
+    page = tmp_path / "bench.html"
+    page.write_text(render_bench([_bench_result("resnet50", 1.17), _bench_result("mlp_gelu", 0.8)]))
+    shot = tmp_path / "bench.png"
+    proc = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--window-size=1200,1400", f"--screenshot={shot}", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.int32)
+    blue = int((np.abs(pixels - np.array([31, 119, 180])).sum(axis=-1) < 12).sum())
+    assert blue > 2000, f"{blue} pixels of the chart's colour: the embedded plot was not painted"

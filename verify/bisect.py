@@ -144,8 +144,10 @@ class BisectResult:
             "model": self.model, "target": self.target, "status": self.status, "summary": self.summary(),
             "culprit": self.culprit.to_dict() if self.culprit else None,
             "other": [c.to_dict() for c in self.other],
-            "fused_vs_reference": self.fused_vs_reference.to_dict() if self.fused_vs_reference else None,
-            "unfused_vs_reference": self.unfused_vs_reference.to_dict() if self.unfused_vs_reference else None,
+            # `is not None`: a CompareResult is falsy when it failed, the comparison that matters most.
+            "fused_vs_reference": None if self.fused_vs_reference is None else self.fused_vs_reference.to_dict(),
+            "unfused_vs_reference": (None if self.unfused_vs_reference is None
+                                     else self.unfused_vs_reference.to_dict()),
             "compared": self.compared, "unmapped": list(self.unmapped), "builds": self.builds,
             "seconds": self.seconds, "timings": dict(self.timings),
             "reproducer": self.reproducer.to_dict() if self.reproducer else None,
@@ -758,6 +760,8 @@ def add_bisect_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default="fuseguard-bisect", metavar="DIR",
                    help="where the reproducer goes (default ./fuseguard-bisect)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON")
+    p.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (the verdict, "
+                   "both builds against ONNX Runtime, the drifting group, its ONNX nodes and the reproducer)")
     p.add_argument("--no-confirm", action="store_true", help="do not re-verify the reproducer (saves two builds)")
     p.add_argument("--onnx-order", action="store_true",
                    help="for import/lowering drift, bisect ONNX node order instead of using captured kernels")
@@ -808,6 +812,12 @@ def run_bisect(args: argparse.Namespace) -> int:
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, result.to_dict())
+    if args.html:
+        from .atomic import atomic_write_text
+        from .html import render_bisect
+
+        atomic_write_text(args.html, render_bisect(result.to_dict()))
+        print(f"wrote {args.html}", file=sys.stderr)
     if result.status == "untestable":
         print(f"fuseguard: cannot test: {result.error}", file=sys.stderr)
     return result.exit_code

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML report (verdicts, "
                    "error statistics and plots per output, fusion groups and their reasons, memory traffic)")
     v.add_argument("--report", action="store_true", help="print each build's fusion report")
+    v.add_argument("--profile", action="store_true", help="also time every kernel of both builds (as `fuseguard "
+                   "profile`, through the build cache) and put each fused group's time beside its unfused parts "
+                   "in --json and --html")
     v.add_argument("--quick", action="store_true", help="built-in suite without the slow real models")
     v.add_argument("--artifact", action="append", default=[], metavar="DIR",
                    help="re-verify a build written by `fuseguard compile --out DIR` without compiling "
@@ -115,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--repeats", type=int, default=20, help="timed runs after warm-up (default 20)")
     pr.add_argument("--rows", type=int, default=40, help="kernels shown, slowest first (default 40)")
     pr.add_argument("--json", default=None, metavar="FILE", help="write the profiles as JSON")
+    pr.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (per model: "
+                    "totals, a chart of the slowest groups fused vs unfused, every group's time, bytes, GFLOP/s)")
 
     rd = sub.add_parser("reduce", help="shrink a model whose build fails or crashes to the fewest ONNX nodes that "
                                        "fail the same way, and write it (a reproducer to hand over)")
@@ -279,6 +284,8 @@ def _verify(args: argparse.Namespace) -> int:
     per_output = per_output or None
     if args.inputs and len(sources) != 1:
         raise UsageError("--inputs FILE.npz applies to exactly one model")
+    if args.profile and (options.gpu_arch or options.dynamic):
+        raise UsageError("verify --profile times the host CPU's static builds: leave out --gpu-arch and --dynamic")
 
     from .progress import Progress
 
@@ -331,6 +338,8 @@ def _verify(args: argparse.Namespace) -> int:
         worker.close()
 
     _print_table(console, rows, options)
+    if args.profile:
+        _profile_verified(args, sources, results, options)
     if args.json:
         from .atomic import atomic_write_json
 
@@ -344,6 +353,38 @@ def _verify(args: argparse.Namespace) -> int:
                                                    target=f"{options.gpu_arch or 'cpu'} ({options.config_label})"))
         print(f"wrote {args.html}", file=sys.stderr)
     return worst
+
+
+def _profile_verified(args: argparse.Namespace, sources: Sequence[Any], results: list[dict], options: Any) -> None:
+    """`verify --profile`: each model that ran gets its per-kernel profile (`result["profile"]`), timed in a
+    worker of its own with the profile's thread settings; a model that fails to profile says so in one line
+    and keeps its verdict (profiling is information, not a check)."""
+    from compiler.plugins import env_for
+    from compiler.target import host_cores
+
+    from .core import SuiteSpec
+    from .timing import timing_env
+    from .worker import Worker
+
+    threads = host_cores()
+    env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
+    verdict_code = getattr(args, "worst", EXIT_OK)
+    with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
+        for source, result in zip(sources, results):
+            if result.get("status") not in ("PASS", "FAIL"):
+                continue
+            print(f"fuseguard: profiling {result['model']}", file=sys.stderr, flush=True)
+            profile = _call_one(args, worker, "verify.profile:profile_model", result["model"],
+                                f"profiling {result['model']}", source=source,
+                                shapes=None if isinstance(source, SuiteSpec) else result.get("input_shapes"),
+                                options=options, threads=threads, seed=result.get("seed") or 0)
+            if profile is not _FAILED:
+                result["profile"] = profile.to_dict()
+                slower = profile.slower_groups()
+                print(f"fuseguard: {result['model']}: kernels fused {profile.fused_total_us:.0f} us, unfused "
+                      f"{profile.unfused_total_us:.0f} us; {len(slower)} fused group(s) slower than their parts",
+                      file=sys.stderr)
+    args.worst = verdict_code     # a profile that failed does not change the verdict's exit code
 
 
 def _report_verdict(verdict, label: str, source: Any, results: list, console, args: argparse.Namespace):
@@ -457,6 +498,8 @@ def _bench(args: argparse.Namespace) -> int:
     if options.dynamic:
         if args.thread_pools != "parked":
             raise UsageError("bench --dynamic times with the thread pools parked; leave out --thread-pools")
+        if args.html:
+            raise UsageError("bench --dynamic prints and writes --json only; leave out --html")
         return _bench_cliff(args, options, threads, shapes)
     if args.buckets:
         raise UsageError("--buckets pads sizes of a symbolic build: give --dynamic NAME too")
@@ -739,6 +782,12 @@ def _profile(args: argparse.Namespace) -> int:
         from .atomic import atomic_write_json
 
         atomic_write_json(args.json, {r.model: r.to_dict() for r in results})
+    if args.html:
+        from .atomic import atomic_write_text
+        from .html import render_profile
+
+        atomic_write_text(args.html, render_profile({r.model: r.to_dict() for r in results}))
+        print(f"wrote {args.html}", file=sys.stderr)
     return args.worst
 
 

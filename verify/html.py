@@ -61,29 +61,32 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _error_plot(name: str, fused: Mapping[str, Any] | None, unfused: Mapping[str, Any] | None) -> str | None:
+def _error_plot(name: str, fused: Mapping[str, Any] | None, unfused: Mapping[str, Any] | None, *,
+                reference: str = "ORT", labels: tuple[str, str] = ("fused", "unfused")) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stats = ("median_abs_error", "mean_abs_error", "p99_abs_error", "max_abs_error")
-    sides = [(label, d) for label, d in (("fused", fused), ("unfused", unfused)) if d and d.get("max_abs_error") is not None]
+    sides = [(label, d) for label, d in zip(labels, (fused, unfused)) if d and d.get("max_abs_error") is not None]
     if not sides:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 2.8))
     width = 0.38
     for k, (label, d) in enumerate(sides):
         values = [max(float(d.get(s) or 0.0), 1e-12) for s in stats]
-        ax1.bar([i + (k - 0.5) * width for i in range(len(stats))], values, width, label=f"{label} vs ORT")
+        ax1.bar([i + (k - 0.5) * width for i in range(len(stats))], values, width, label=f"{label} vs {reference}")
         hist = d.get("abs_error_histogram")
         if hist:
             edges, counts = hist["edges"], hist["counts"]
-            ax2.stairs(counts, edges, label=f"{label} vs ORT")
+            # Fused and unfused often agree bit for bit: the second line dashed over the first, both visible.
+            ax2.stairs(counts, edges, label=f"{label} vs {reference}", lw=2.2 if k == 0 else 1.2,
+                       ls="-" if k == 0 else "--")
     ax1.set_yscale("log")
     ax1.set_xticks(range(len(stats)), ["median", "mean", "p99", "max"])
     ax1.set_ylabel("|error|")
-    ax1.set_title(f"{name}: absolute error vs ONNX Runtime", fontsize=9)
+    ax1.set_title(f"{name}: absolute error vs {reference}", fontsize=9)
     ax1.legend(fontsize=7)
     ax2.set_xlabel("|error|")
     ax2.set_ylabel("elements")
@@ -91,6 +94,31 @@ def _error_plot(name: str, fused: Mapping[str, Any] | None, unfused: Mapping[str
     ax2.set_title("error histograms", fontsize=9)
     ax2.legend(fontsize=7)
     return _png(fig)
+
+
+def _compare_section(fc: Mapping[str, Any], uc: Mapping[str, Any], *, reference: str = "ORT",
+                     labels: tuple[str, str] = ("fused", "unfused")) -> list[str]:
+    """Per output, each side's error statistics against `reference` (one table) and a plot per output.
+    `fc`/`uc` are `CompareResult.to_dict()["outputs"]` of the two sides (either may be empty)."""
+    out: list[str] = []
+    names = list(fc) or list(uc)
+    stat_rows = []
+    for o in names:
+        for label, d in zip(labels, (fc.get(o), uc.get(o))):
+            if d:
+                ok = d.get("passed")
+                stat_rows.append([o, label, "x".join(map(str, d.get("shape", []))), d.get("max_abs_error"),
+                                  d.get("p99_abs_error"), d.get("mean_abs_error"), d.get("max_rel_error"),
+                                  d.get("mismatches"), ("raw", f"<span class='{'PASS' if ok else 'FAIL'}'>"
+                                                           f"{'pass' if ok else 'FAIL'}</span>")])
+    if stat_rows:
+        out.append(_table(["output", "build", "shape", "max |err|", "p99 |err|", "mean |err|", "max rel err",
+                           "mismatches", ""], stat_rows, numeric=(3, 4, 5, 6, 7)))
+    for o in names:
+        img = _error_plot(o, fc.get(o), uc.get(o), reference=reference, labels=labels)
+        if img:
+            out.append(f"<img alt='errors of {_e(o)}' src='{img}'>")
+    return out
 
 
 def render_verify(results: Sequence[Mapping[str, Any]], *, title: str = "fuseguard verify",
@@ -129,23 +157,7 @@ def _model_section(r: Mapping[str, Any]) -> str:
     for build in (f, u):
         if build.get("error"):
             out.append(f"<p class='ERROR'>{_e(build.get('config'))}: {_e(build['error'])}</p>")
-    fc, uc = (f.get("compare") or {}).get("outputs", {}), (u.get("compare") or {}).get("outputs", {})
-    names = list(fc) or list(uc)
-    stat_rows = []
-    for o in names:
-        for label, d in (("fused", fc.get(o)), ("unfused", uc.get(o))):
-            if d:
-                stat_rows.append([o, label, "x".join(map(str, d.get("shape", []))), d.get("max_abs_error"),
-                                  d.get("p99_abs_error"), d.get("mean_abs_error"), d.get("max_rel_error"),
-                                  d.get("mismatches"), ("raw", f"<span class='{'PASS' if d.get('passed') else 'FAIL'}'>"
-                                                           f"{'pass' if d.get('passed') else 'FAIL'}</span>")])
-    if stat_rows:
-        out.append(_table(["output", "build", "shape", "max |err|", "p99 |err|", "mean |err|", "max rel err",
-                           "mismatches", ""], stat_rows, numeric=(3, 4, 5, 6, 7)))
-    for o in names:
-        img = _error_plot(o, fc.get(o), uc.get(o))
-        if img:
-            out.append(f"<img alt='errors of {_e(o)}' src='{img}'>")
+    out += _compare_section((f.get("compare") or {}).get("outputs", {}), (u.get("compare") or {}).get("outputs", {}))
     rep = f.get("report") or {}
     if rep:
         traffic, minimum = rep.get("traffic_bytes") or 0, rep.get("min_traffic_bytes") or 0
@@ -154,17 +166,163 @@ def _model_section(r: Mapping[str, Any]) -> str:
                    f"traffic: fused {traffic / 2**20:.1f} MiB, unfused {(ur.get('traffic_bytes') or 0) / 2**20:.1f} MiB, "
                    f"minimum {minimum / 2**20:.1f} MiB"
                    + (f" (fused {traffic / minimum:.2f}x the minimum)" if minimum else "") + "</p>")
-        groups = [[g.get("function"), g.get("pattern"), " + ".join(g.get("ops", [])),
-                   ", ".join(g.get("onnx_nodes", [])[:4]) + (f" (+{len(g['onnx_nodes']) - 4})" if len(g.get("onnx_nodes", [])) > 4 else ""),
-                   rep.get("schedules", {}).get(g.get("kernel", ""), ""), g.get("reason")]
-                  for g in rep.get("groups", [])]
-        groups += [["(not fused)", d.get("pattern"), " + ".join(d.get("ops", [])), ", ".join(d.get("onnx_nodes", [])[:4]),
-                    "", d.get("reason")] for d in rep.get("decisions", []) if not d.get("fused")]
+        prof = r.get("profile") or {}
+        timed = _times_by_kernel(prof)
+        groups, numeric = [], ()
+        for g in rep.get("groups", []):
+            row = [g.get("function"), g.get("pattern"), " + ".join(g.get("ops", [])), _nodes(g.get("onnx_nodes", [])),
+                   rep.get("schedules", {}).get(g.get("kernel", ""), "")]
+            if prof:
+                fused_us, parts_us = timed.get(g.get("kernel", ""), (None, None))
+                row += [fused_us, parts_us, _speedup_cell(fused_us, parts_us)]
+            groups.append(row + [g.get("reason")])
+        extra = ["", "", ""] if prof else []
+        groups += [["(not fused)", d.get("pattern"), " + ".join(d.get("ops", [])), _nodes(d.get("onnx_nodes", [])),
+                    "", *extra, d.get("reason")] for d in rep.get("decisions", []) if not d.get("fused")]
         if groups:
+            headers = ["group", "pattern", "ops", "ONNX nodes", "schedule"]
+            if prof:
+                headers += ["fused us", "unfused parts us", "parts / fused"]
+                numeric = (5, 6, 7)
             out.append("<details open><summary>fusion groups and decisions</summary>")
-            out.append(_table(["group", "pattern", "ops", "ONNX nodes", "schedule", "why"], groups))
+            out.append(_table([*headers, "why"], groups, numeric=numeric))
             out.append("</details>")
+    if r.get("profile"):
+        out += _profile_section(r["profile"], table=False)
     return "\n".join(out)
+
+
+def _nodes(nodes: Sequence[str], limit: int = 4) -> str:
+    return ", ".join(nodes[:limit]) + (f" (+{len(nodes) - limit})" if len(nodes) > limit else "")
+
+
+def _speedup_cell(fused_us: float | None, parts_us: float | None) -> Any:
+    """parts / fused, red when the fused kernel is more than 5% slower than its parts (the profile's margin)."""
+    if not fused_us or not parts_us:
+        return None
+    ratio = parts_us / fused_us
+    return ("raw", f"<span class='{'FAIL' if ratio < 0.95 else 'PASS'}'>{ratio:.2f}x</span>")
+
+
+def _times_by_kernel(profile: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """Kernel name -> (fused us, unfused parts us) summed over its call sites (a shared PrimFunc is one
+    report group but several profiled calls)."""
+    out: dict[str, tuple[float, float | None]] = {}
+    for g in profile.get("groups", []):
+        fused, parts = out.get(g["kernel"], (0.0, None))
+        has_parts = g.get("parts") and g.get("parts_us") is not None
+        out[g["kernel"]] = (fused + g["fused_us"], ((parts or 0.0) + g["parts_us"]) if has_parts else parts)
+    return out
+
+
+#: groups drawn in a profile's chart (slowest fused kernels first); the table lists them all.
+PROFILE_CHART_GROUPS = 16
+
+
+def _profile_plot(groups: Sequence[Mapping[str, Any]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = sorted(groups, key=lambda g: -g["fused_us"])[:PROFILE_CHART_GROUPS][::-1]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(top) + 1.2))
+    ys = range(len(top))
+    ax.barh([y + 0.2 for y in ys], [g["fused_us"] for g in top], 0.4, label="fused kernel")
+    ax.barh([y - 0.2 for y in ys], [g["parts_us"] if g.get("parts") else 0.0 for g in top], 0.4,
+            label="its unfused parts")
+    ax.set_yticks(list(ys), [f"{g['kernel'][:40]} ({g.get('pattern') or 'single'})" for g in top], fontsize=7)
+    ax.set_xlabel("us per call")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def _profile_section(p: Mapping[str, Any], *, table: bool = True) -> list[str]:
+    """One model's `ProfileResult.to_dict()`: totals, a chart of the slowest groups fused vs their unfused
+    parts, and (with `table`) every group with bytes moved, GFLOP/s and its share of the run's sgemm peak."""
+    fused_total, unfused_total = p.get("fused_total_us") or 0.0, p.get("unfused_total_us") or 0.0
+    peak = p.get("peak_gflops") or 0.0
+    groups = p.get("groups", [])
+    slower = [g for g in groups if g.get("parts") and g["fused_us"] > g["parts_us"] * 1.05]
+    out = [f"<h3>per-kernel profile</h3><p><small>{_e(p.get('cpu'))}, {_e(p.get('threads'))} threads, median of "
+           f"{_e(p.get('repeats'))} runs; numpy sgemm {peak:.0f} GFLOP/s in the same run; the hook's "
+           f"{_fmt(p.get('overhead_us'))} us a call subtracted</small></p>"
+           f"<p>kernels: fused {len(p.get('fused', []))} in {fused_total:.1f} us, unfused {len(p.get('unfused', []))} "
+           f"in {unfused_total:.1f} us" + (f" ({unfused_total / fused_total:.2f}x)" if fused_total else "")
+           + f" &middot; {len(slower)} fused kernel(s) slower than their parts by more than 5%</p>"]
+    if groups:
+        out.append(f"<img alt='fused vs unfused per group' src='{_profile_plot(groups)}'>")
+    if table and groups:
+        rows = []
+        for g in sorted(groups, key=lambda g: -g["fused_us"]):
+            gf = g.get("gflops") or 0.0
+            rows.append([g["kernel"], g.get("pattern"), _nodes(g.get("nodes", []), 3), g["fused_us"],
+                         g["parts_us"] if g.get("parts") else None,
+                         _speedup_cell(g["fused_us"], g["parts_us"] if g.get("parts") else None),
+                         g.get("bytes", 0) / 1e6, gf if g.get("flops") else None,
+                         f"{100 * gf / peak:.0f}%" if g.get("flops") and peak else None, g.get("reason")])
+        out.append(_table(["kernel", "pattern", "ONNX nodes", "fused us", "unfused parts us", "parts / fused",
+                           "MB moved", "GFLOP/s", "% of sgemm", "why"], rows, numeric=(3, 4, 5, 6, 7, 8)))
+    return out
+
+
+def render_profile(profiles: Mapping[str, Mapping[str, Any]], *, title: str = "fuseguard profile",
+                   note: str = "") -> str:
+    """The page for `fuseguard profile --json` (model -> `ProfileResult.to_dict()`)."""
+    body = []
+    for model, p in profiles.items():
+        body.append(f"<h2>{_e(model)}</h2>")
+        body += _profile_section(p)
+    return _page(title, note, body)
+
+
+def render_bisect(r: Mapping[str, Any], *, title: str = "fuseguard bisect") -> str:
+    """The page for `BisectResult.to_dict()`: the verdict, both builds against ONNX Runtime per output, and
+    each culprit: the group (pattern, ops, kernel), the ONNX nodes it came from, its error against the
+    build it is compared with, whether its inputs agreed, and the reproducer to hand over."""
+    status = r.get("status", "untestable")
+    cls = {"no-drift": "PASS", "drift": "FAIL"}.get(status, "ERROR")
+    body = [f"<p class='{cls}'>{_e(r.get('summary', status))}</p>",
+            f"<p><small>{_e(r.get('builds'))} builds, {_fmt(r.get('seconds'))} s, {_e(r.get('compared'))} "
+            f"intermediate tensors compared" + (f", {len(r['unmapped'])} fused kernels with no unfused counterpart"
+                                                if r.get("unmapped") else "") + "</small></p>"]
+    if r.get("error"):
+        body.append(f"<p class='ERROR'>{_e(r['error'])}</p>")
+    fused, unfused = r.get("fused_vs_reference") or {}, r.get("unfused_vs_reference") or {}
+    if fused or unfused:
+        body.append("<h2>model outputs</h2>")
+        for label, res in (("fused vs ORT", fused), ("unfused vs ORT", unfused)):
+            if res:
+                body.append(f"<p>{_e(label)}: {_e(res.get('summary'))}</p>")
+        body += _compare_section(fused.get("outputs", {}), unfused.get("outputs", {}))
+    for c in [r.get("culprit"), *(r.get("other") or [])]:
+        if not c:
+            continue
+        against = "the unfused build" if c.get("blame") == "fusion" else "ONNX Runtime"
+        body.append(f"<h2>culprit: {_e(c.get('blame'))} drift <small>(found by {_e(c.get('via'))})</small></h2>")
+        agree = {True: "yes", False: "NO", None: "unknown"}[c.get("inputs_agree")]
+        inputs = ", ".join(f"{k}: {_fmt(v)}" for k, v in (c.get("input_errors") or {}).items())
+        body.append(_table(["", ""], [
+            ["kernel", f"{c['function']} -> {c['kernel']}" if c.get("function") else c.get("kernel")],
+            ["pattern", c.get("pattern") or "(not fused: a single operator)"],
+            ["ops", " + ".join(c.get("ops", []))],
+            ["ONNX tensors", f"{', '.join(c.get('onnx_inputs', []))} -> {', '.join(c.get('onnx_outputs', []))}"],
+            ["compared with", against],
+            ["inputs agree", f"{agree} ({inputs})" if inputs else agree],
+            ["why fused", c.get("reason") or "-"]]))
+        body.append(_table(["ONNX node", "op type"], list(zip(c.get("onnx_nodes", []), c.get("onnx_op_types", [])))))
+        err = c.get("error") or {}
+        side = "fused" if c.get("blame") == "fusion" else "unfused"
+        body += _compare_section({c.get("kernel", "?"): err}, {}, reference=against, labels=(side, ""))
+    rep = r.get("reproducer")
+    if rep:
+        state = {True: "fails verify on its own", False: "passes verify on its own", None: "not checked"}
+        body.append(f"<h2>reproducer</h2><p>{_e(rep.get('model'))} + {_e(rep.get('inputs'))} "
+                    f"({_e(state[rep.get('confirmed')])})</p><pre>{_e(rep.get('command'))}</pre>"
+                    + (f"<p><small>{_e(rep['detail'])}</small></p>" if rep.get("detail") else ""))
+    for note in r.get("notes") or []:
+        body.append(f"<p><small>note: {_e(note)}</small></p>")
+    return _page(f"{title}: {r.get('model', '?')}", f"target {r.get('target', '')}", body)
 
 
 def _page(title: str, note: str, body: Sequence[str]) -> str:
