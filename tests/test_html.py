@@ -140,6 +140,26 @@ def test_verify_profile_puts_each_group_beside_its_unfused_parts(tmp_path: Path)
     assert "<span class='FAIL'>0.50x</span>" in text and "% of sgemm" in text
 
 
+def test_a_shared_kernel_shows_each_call_sites_own_time() -> None:
+    """One PrimFunc called from three places is three report groups: each row gets its own call's time
+    (matched by ONNX nodes), not the kernel's total three times over."""
+    from verify.html import render_verify
+
+    sites = [(["mm_a", "add_a"], 100.0, 150.0), (["mm_b", "add_b"], 200.0, 210.0), (["mm_c", "add_c"], 400.0, 300.0)]
+    groups = [{"function": "fused_matmul_add", "kernel": "fused_matmul_add", "pattern": "generic",
+               "ops": ["matmul", "add"], "onnx_nodes": nodes, "reason": "FuseOps"} for nodes, _, _ in sites]
+    profile = {"groups": [{"kernel": "fused_matmul_add", "nodes": nodes, "fused_us": f, "parts_us": p,
+                           "parts": ["matmul", "add"], "pattern": "generic"} for nodes, f, p in sites],
+               "fused": [], "unfused": [], "fused_total_us": 700.0, "unfused_total_us": 660.0}
+    page = render_verify([{"model": "m", "status": "PASS", "fused": {"report": {"groups": groups}}, "unfused": {},
+                           "profile": profile}])
+    _well_formed(page)
+    for _, f, p in sites:
+        assert f'<td class="num">{f:.3g}</td><td class="num">{p:.3g}</td>' in page
+    assert "<span class='PASS'>1.50x</span>" in page and "<span class='FAIL'>0.75x</span>" in page
+    assert ">700</td>" not in page        # the kernel's total is not shown against one call site
+
+
 def _browser() -> str | None:
     import shutil
 

@@ -18,7 +18,7 @@ from typing import Any
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
-table{border-collapse:collapse;margin:.6em 0 1.2em}td,th{border:1px solid #ccc;padding:.25em .6em;font-size:.9em}
+table{border-collapse:collapse;margin:.6em 0 1.2em;max-width:100%}td{overflow-wrap:anywhere}td,th{border:1px solid #ccc;padding:.25em .6em;font-size:.9em}
 th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .PASS{color:#0a7d28;font-weight:600}.FAIL,.ERROR{color:#b3261e;font-weight:600}.COMPILED{color:#555}
 h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}small{color:#666}
@@ -173,7 +173,9 @@ def _model_section(r: Mapping[str, Any]) -> str:
             row = [g.get("function"), g.get("pattern"), " + ".join(g.get("ops", [])), _nodes(g.get("onnx_nodes", [])),
                    rep.get("schedules", {}).get(g.get("kernel", ""), "")]
             if prof:
-                fused_us, parts_us = timed.get(g.get("kernel", ""), (None, None))
+                kernel = g.get("kernel", "")
+                fused_us, parts_us = timed.get((kernel, tuple(g.get("onnx_nodes") or ())),
+                                               timed.get(kernel, (None, None)))
                 row += [fused_us, parts_us, _speedup_cell(fused_us, parts_us)]
             groups.append(row + [g.get("reason")])
         extra = ["", "", ""] if prof else []
@@ -204,14 +206,17 @@ def _speedup_cell(fused_us: float | None, parts_us: float | None) -> Any:
     return ("raw", f"<span class='{'FAIL' if ratio < 0.95 else 'PASS'}'>{ratio:.2f}x</span>")
 
 
-def _times_by_kernel(profile: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
-    """Kernel name -> (fused us, unfused parts us) summed over its call sites (a shared PrimFunc is one
-    report group but several profiled calls)."""
-    out: dict[str, tuple[float, float | None]] = {}
+def _times_by_kernel(profile: Mapping[str, Any]) -> dict[Any, tuple[float, float | None]]:
+    """(kernel, ONNX nodes) -> (fused us, unfused parts us) per call site, and kernel -> the same summed over
+    its call sites (a shared PrimFunc is one kernel called from several places; the report has a group per
+    call site, matched by its ONNX nodes where they are known)."""
+    out: dict[Any, tuple[float, float | None]] = {}
     for g in profile.get("groups", []):
-        fused, parts = out.get(g["kernel"], (0.0, None))
         has_parts = g.get("parts") and g.get("parts_us") is not None
-        out[g["kernel"]] = (fused + g["fused_us"], ((parts or 0.0) + g["parts_us"]) if has_parts else parts)
+        parts_us = g["parts_us"] if has_parts else None
+        out[(g["kernel"], tuple(g.get("nodes") or ()))] = (g["fused_us"], parts_us)
+        fused, parts = out.get(g["kernel"], (0.0, None))
+        out[g["kernel"]] = (fused + g["fused_us"], ((parts or 0.0) + parts_us) if has_parts else parts)
     return out
 
 
