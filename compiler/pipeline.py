@@ -7,6 +7,9 @@
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        Conv1dAsConv2d               conv1d as a height-1 conv2d (audio front ends: no conv1d kernel)
        KeepConv1dChains4D           elementwise ops between two such convs stay 4-D (the layout passes through)
+    1b fold_fake_quant              int8 QDQ: each Quantize->Dequantize pair as exact fp32 arithmetic on the
+                                    integer grid, so the layout and fusion see through it (compiler/qdq.py)  [qdq]
+                                    (the unfused build turns it back into its Q and DQ ops after step 4c)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
@@ -64,6 +67,7 @@ from .dynamic import DynamicDim, check_names, upper_bounds
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
+from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
 from .precision import check as precision_check, dtype_census, to_precision
 from .passes import Conv1dAsConv2d, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
@@ -120,6 +124,8 @@ class CompileOptions:
     #: with the layout step: convs whose channels are not whole blocks padded with zero filters first, so
     #: they block too (compiler/padding.py)
     channel_padding: bool = True
+    #: int8 QDQ models: Quantize->Dequantize pairs as fp32 elementwise ops on the integer grid (compiler/qdq.py)
+    qdq: bool = True
 
     def __post_init__(self) -> None:
         precision_check(self.precision)
@@ -438,6 +444,16 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     rep.dynamic = [str(d) for d in options.dynamic]
     mod = stage("fold_constant", [FoldConstantMoves, T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d, KeepConv1dChains4D], mod)
+    if options.qdq:
+        qdq_summary: list[QdqSummary] = []
+
+        def _fold_qdq(m: tvm.IRModule, _ctx: object) -> tvm.IRModule:
+            out, summary = fold_fake_quant(m)
+            qdq_summary.append(summary)
+            return out
+
+        mod = stage("qdq", [tvm.transform.module_pass(_fold_qdq, opt_level=0, name="FoldFakeQuant")], mod)
+        rep.qdq = qdq_summary[-1].line()
     if options.bn_folding:
         mod = stage("bn_folding", [FoldBatchNorm, T.FoldConstant()], mod)
     mod = stage("decompose", [T.DecomposeOpsForInference()], mod)
@@ -461,6 +477,9 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         rep.layout = chosen[-1].line()
     else:
         rep.layout = LayoutSummary().line()
+    if options.qdq and not options.fusion:   # the unfused build runs each pair as its Q and DQ kernels
+        mod = stage("qdq_ops", [tvm.transform.module_pass(lambda m, _ctx: as_qdq_ops(m), opt_level=0,
+                                                          name="AsQdqOps")], mod)
     rep.dtypes = dtype_census(mod) if options.precision != "fp32" else {}
     mod = _run_user_passes("before_fusion", mod, options)
 
@@ -504,9 +523,9 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     if spec.is_gpu:   # grouped convs as batched GEMMs dlight's Matmul rule schedules (compiler/gpu_legalize.py)
         from .gpu_legalize import legalize_map
 
-        legalize = T.LegalizeOps(customize_legalize_map=legalize_map())
+        legalize = T.LegalizeOps(customize_legalize_map={**legalize_map(), **qdq_legalize_map()})
     else:       # the blocked convs of step 4c to their own computes (compiler/layout.py)
-        legalize = T.LegalizeOps(customize_legalize_map=layout_legalize_map())
+        legalize = T.LegalizeOps(customize_legalize_map={**layout_legalize_map(), **qdq_legalize_map()})
     # cumsum/cumprod, sort/argsort/topk and sampling have no LegalizeOps rule: TVM's backends dispatch them to
     # their TE/TIR kernels first (a RoBERTa export's position ids, CumSum, reached codegen as R.cumsum)
     dispatch = [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]

@@ -64,6 +64,8 @@ class FusionReport:
     dtypes: dict[str, dict[str, int]] = field(default_factory=dict)
     #: what the layout step did (compiler/layout.LayoutSummary.line)
     layout: str = ""
+    #: what the QDQ step did (compiler/qdq.QdqSummary.line), "" for models without Quantize/Dequantize
+    qdq: str = ""
 
     def precision_line(self) -> str:
         """Which ops run in which type: "bf16: matmul x8 bf16 operands, fp32 accumulate; ..." (or "")."""
@@ -92,7 +94,8 @@ class FusionReport:
             "traffic_bytes": self.traffic_bytes, "min_traffic_bytes": self.min_traffic_bytes,
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
             "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass, "planned_bytes": self.planned_bytes,
-            "dynamic": list(self.dynamic), "precision": self.precision, "dtypes": self.dtypes, "layout": self.layout, "groups": [g.to_dict() for g in self.groups],
+            "dynamic": list(self.dynamic), "precision": self.precision, "dtypes": self.dtypes, "layout": self.layout, "qdq": self.qdq,
+            "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
 
@@ -112,7 +115,7 @@ class FusionReport:
         via = " (imported through ONNX Runtime's shape folding)" if self.imported_via != "onnx" else ""
         table = Table(title=f"fusion report: {self.model} on {self.target} "
                             f"({len(self.groups)} fused groups, {self.kernels} kernels){via}",
-                      caption="; ".join(x for x in (self.layout, self.precision_line()) if x) or None)
+                      caption="; ".join(x for x in (self.layout, self.qdq, self.precision_line()) if x) or None)
         for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
             table.add_column(col, overflow="fold")
         for g in self.groups[:max_rows]:

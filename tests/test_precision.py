@@ -18,6 +18,8 @@ from compiler.errors import UsageError
 from compiler.pipeline import CompileOptions
 from compiler.precision import dtype_census, to_precision
 from verify.core import SuiteSpec, run_onnxruntime, verify_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quantised import quantised as _quantised  # noqa: E402
 from verify.precision import Fp64Check, check_against_fp64, fp64_reference, loose_tolerances, to_float64
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,30 +131,6 @@ def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(
     assert fused["compare"]["passed"]                    # the loose tolerance alone would pass it
     assert not fused["fp64"]["passed"] and fused["fp64"]["outputs"][0]["fused_rmse"] > \
         3 * fused["fp64"]["outputs"][0]["unfused_rmse"]
-
-
-def _quantised(tmp_path: Path, name: str) -> Path:
-    """A built-in model quantised to int8 QDQ by ONNX Runtime's own quantiser (4 calibration draws)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    from compiler.onnx_loader import load
-    from suites.models import get_model
-    from verify.inputs import make_inputs
-
-    loaded = load(get_model(name).make(), None, name=name)
-    src, dst = tmp_path / f"{name}.onnx", tmp_path / f"{name}_int8.onnx"
-    onnx.save(loaded.model, src)
-
-    class Draws(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter([make_inputs(loaded.model, loaded.input_shapes, seed=s) for s in range(4)])
-
-        def get_next(self):  # noqa: ANN202 - ORT's interface
-            return next(self.it, None)
-
-    quantize_static(str(src), str(dst), Draws(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8)
-    return dst
 
 
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mlp_gelu"])
