@@ -102,9 +102,16 @@ def _well_formed(text: str) -> list[bytes]:
 def test_bisect_page_names_the_drifting_group_and_its_onnx_nodes(tmp_path: Path) -> None:
     import json
 
+    import subprocess
+    import sys
+
+    # In its own process: a plugin stays registered in the process that loaded it (later builds in this
+    # pytest worker would get the wrong ReLU).
     page, out = tmp_path / "bisect.html", tmp_path / "bisect.json"
-    assert main(["bisect", "conv_bn_relu", "--plugin", str(PLUGIN), "--out", str(tmp_path / "repro"),
-                 "--json", str(out), "--html", str(page)]) == 1
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "bisect", "conv_bn_relu", "--plugin", str(PLUGIN),
+                           "--out", str(tmp_path / "repro"), "--json", str(out), "--html", str(page)],
+                          cwd=PLUGIN.parents[2], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     # The failing comparison is kept (a failed CompareResult is falsy; the JSON had dropped it as None).
     assert result["fused_vs_reference"] is not None and result["fused_vs_reference"]["passed"] is False
