@@ -24,6 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .layout import _bound
 from .passes import _np, recognize
 
 #: integer types a pair may pass through, and their ranges (the quantize's clip)
@@ -119,9 +120,7 @@ def _scalar(e: relax.Expr) -> float | None:
     if hasattr(getattr(e, "value", None), "numpy"):      # a tensor constant
         v = np.asarray(_np(e))
         return float(v.reshape(())) if v.size == 1 else None
-    value = getattr(e, "value", None)
-    value = getattr(value, "value", value)
-    return float(value) if isinstance(value, (int, float)) else None
+    return _bound(e)
 
 
 def as_qdq_ops(mod: tvm.IRModule) -> tvm.IRModule:
