@@ -38,13 +38,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import settings
 from .paths import ENV_DIR, ENV_OFF, enabled, home  # noqa: F401  (re-exported: compiler.cache.home, ...)
 
 ENV_MAX_MB = "FUSEGUARD_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 4096
-#: Environment variables that change generated code (their values join the key).
-CODE_ENV = ("FUSEGUARD_MCPU", "TVM_NUM_THREADS", "FUSEGUARD_DECISION_DB")
-CODE_ENV_PREFIXES = ("FUSEGUARD_CPU_SCHEDULE_",)
 #: Bump when the entry layout changes.
 FORMAT = 1
 _LIB = "lib.so"
@@ -130,8 +128,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
         h = detect_host()
         host = {"features": sorted(h.features), "l1d": h.l1d_bytes, "l2": h.l2_bytes, "l3": h.l3_bytes,
                 "cores": h.cores}
-    env = {k: v for k, v in sorted(os.environ.items())
-           if k in CODE_ENV or any(k.startswith(p) for p in CODE_ENV_PREFIXES)}
+    env = dict(sorted(settings.code_environment().items()))
     doc = {
         "format": FORMAT,
         "model": _sha(model_bytes),
@@ -174,8 +171,8 @@ class BuildCache:
 
     def __init__(self, directory: Path | None = None, max_bytes: int | None = None) -> None:
         self.dir = directory or root()
-        mb = os.environ.get(ENV_MAX_MB)
-        self.max_bytes = max_bytes if max_bytes is not None else int(float(mb) * 2**20) if mb else DEFAULT_MAX_MB * 2**20
+        mb = settings.number(ENV_MAX_MB)
+        self.max_bytes = max_bytes if max_bytes is not None else int(mb * 2**20) if mb else DEFAULT_MAX_MB * 2**20
 
     def _lock(self, key: str):
         from filelock import FileLock

@@ -9,8 +9,8 @@ offline whenever the build's `--gpu-arch` is the device's. `FUSEGUARD_CUDA_ARCH`
 
 from __future__ import annotations
 
-import os
 
+from . import settings
 from .errors import CompileError
 
 _installed: list[str] = []      # non-empty once the callback is registered
@@ -18,7 +18,7 @@ _installed: list[str] = []      # non-empty once the callback is registered
 
 def device_arch() -> str:
     """`sm_XX` of CUDA device 0 (or `FUSEGUARD_CUDA_ARCH`)."""
-    env = os.environ.get("FUSEGUARD_CUDA_ARCH")
+    env = settings.get("FUSEGUARD_CUDA_ARCH")
     if env:
         return env
     import tvm

@@ -18,13 +18,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tvm
 from tvm import relax
+
+from . import settings
 
 ENV = "FUSEGUARD_DECISION_DB"
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "baselines" / "decisions"
@@ -81,7 +82,7 @@ class Measured:
 
 def db_path(class_id: str, override: str | None = None) -> Path | None:
     """Where this architecture's decisions live; None when measured decisions are switched off."""
-    chosen = override if override is not None else os.environ.get(ENV)
+    chosen = override if override is not None else settings.get(ENV)
     if chosen is not None:
         return Path(chosen) if chosen else None
     return DEFAULT_DIR / f"{class_id}.json"

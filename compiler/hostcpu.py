@@ -16,6 +16,8 @@ from pathlib import Path
 
 import tvm
 
+from . import settings
+
 MCPU_ENV = "FUSEGUARD_MCPU"
 
 
@@ -175,7 +177,8 @@ def _read_cache_sizes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")
     return sizes
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -190,7 +193,7 @@ def _host_facts() -> tuple[str, dict[str, object], dict[str, int], int]:
     except OSError:
         text = ""
     mcpu, facts = mcpu_from_cpuinfo(text)
-    return mcpu, facts, _read_cache_sizes(), _usable_cores()
+    return mcpu, facts, _read_cache_sizes(), usable_cores()
 
 
 def detect_host(cpuinfo_text: str | None = None) -> HostCPU:
@@ -202,7 +205,7 @@ def detect_host(cpuinfo_text: str | None = None) -> HostCPU:
         (mcpu, facts), caches, cores = mcpu_from_cpuinfo(cpuinfo_text), {}, 0
     if not cores:
         cores = int(facts["processors"]) or 1  # type: ignore[arg-type]
-    override = os.environ.get(MCPU_ENV)
+    override = settings.get(MCPU_ENV)
     if override:
         mcpu = override
     return HostCPU(
@@ -217,6 +220,14 @@ def detect_host(cpuinfo_text: str | None = None) -> HostCPU:
         l2_bytes=caches.get("l2"),
         l3_bytes=caches.get("l3"),
     )
+
+
+def llvm_host_name() -> str:
+    """LLVM's own name for the host CPU (what the per-class baseline files are named by; it can differ
+    from the detected `mcpu` where cpuinfo names a CPU LLVM does not know)."""
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
 
 
 def host_target(mcpu: str | None = None, num_cores: int | None = None) -> tvm.target.Target:

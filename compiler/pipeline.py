@@ -60,7 +60,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, decisions, hostcpu, patterns, progress, report
+from . import cost, decisions, hostcpu, patterns, progress, report, settings
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
@@ -687,7 +687,7 @@ def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(),
     """Compile a Relax IRModule (entry `main`) through the pipeline."""
     spec = resolve(options.gpu_arch, options.mcpu)
     if options.num_threads is None and not spec.is_gpu:
-        options = replace(options, num_threads=int(os.environ.get("TVM_NUM_THREADS", "0")) or spec.num_cores)
+        options = replace(options, num_threads=settings.integer("TVM_NUM_THREADS") or spec.num_cores)
     unknown = set(options.disabled_patterns) - set(patterns.pattern_names())
     if unknown:
         raise UsageError(f"--disable-pattern: unknown pattern(s) {', '.join(sorted(unknown))}; "

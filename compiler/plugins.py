@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import settings
 from .errors import UsageError
 
 ENV = "FUSEGUARD_PLUGINS"
@@ -38,7 +38,7 @@ def load_plugins(names: Sequence[str]) -> None:
 
 
 def load_env_plugins() -> None:
-    load_plugins([n for n in os.environ.get(ENV, "").split(",") if n])
+    load_plugins(settings.items(ENV))
 
 
 def env_for(names: Sequence[str]) -> dict[str, str]:

@@ -8,17 +8,18 @@ pipe carries exactly one reply per call, and a file survives a crashing child (i
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from collections.abc import Iterator
+
+from . import settings
 
 ENV = "FUSEGUARD_PROGRESS"
 _prefix: list[str] = []
 
 
 def stage(text: str) -> None:
-    path = os.environ.get(ENV)
+    path = settings.get(ENV)
     if not path:
         return
     label = ": ".join([*_prefix, text])

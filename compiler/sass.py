@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from . import settings
 from .errors import CompileError, UsageError
 from .hardware import Hardware
 from .occupancy import launch_problems, occupancy
@@ -76,11 +77,13 @@ class Toolkit:
 
 def _candidates() -> list[Path]:
     out: list[Path] = []
-    if os.environ.get("FUSEGUARD_NVCC"):
-        out.append(Path(os.environ["FUSEGUARD_NVCC"]))
+    nvcc = settings.path("FUSEGUARD_NVCC")
+    if nvcc:
+        out.append(nvcc)
     for env in ("FUSEGUARD_CUDA_HOME", "CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(env):
-            out.append(Path(os.environ[env]) / "bin" / "nvcc")
+        home = settings.path(env)
+        if home:
+            out.append(home / "bin" / "nvcc")
     try:
         import nvidia  # the namespace package of NVIDIA's pip wheels (the cuda-tools extra)
 

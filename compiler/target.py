@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 import tvm
 
+from . import settings
 from .errors import UsageError
+from .hostcpu import MCPU_ENV, usable_cores
 from .hardware import SUPPORTED_GPU_ARCHS
 
 _ARCH = re.compile(r"^sm_(\d{2,3})a?$")
@@ -54,7 +55,7 @@ class TargetSpec:
 
 def detect_mcpu() -> str:
     """The LLVM mcpu for this host (FUSEGUARD_MCPU overrides); the detection lives in compiler.hostcpu."""
-    env = os.environ.get("FUSEGUARD_MCPU")
+    env = settings.get(MCPU_ENV)
     if env:
         return env
     try:
@@ -66,7 +67,7 @@ def detect_mcpu() -> str:
 
 
 def host_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 def resolve(gpu_arch: str | None = None, mcpu: str | None = None) -> TargetSpec:

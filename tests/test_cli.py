@@ -73,6 +73,22 @@ def test_patterns_lists_the_table() -> None:
         assert name in proc.stdout
 
 
+def test_env_lists_every_setting_with_the_value_this_process_sees() -> None:
+    import os
+
+    from compiler.settings import SETTINGS
+
+    proc = subprocess.run([sys.executable, "-m", "verify.cli", "env"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "FUSEGUARD_CPU_SCHEDULE_OFF": "fast_math",
+                                            "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    for name in SETTINGS:
+        assert name in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if "FUSEGUARD_CPU_SCHEDULE_OFF" in line)
+    assert "fast_math" in row and "yes" in row
+    assert "usable core" in proc.stdout
+
+
 def test_pytest_plugin_option_loads_a_wrong_fusion_and_the_suite_catches_it() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_verify_suite.py", "-q", "-p", "no:cacheprovider",
                            "-k", "test_default_shape and conv_bn_relu", "--fuseguard-plugin", str(PLUGIN)],

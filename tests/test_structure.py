@@ -138,3 +138,54 @@ def test_compiler_knows_nothing_of_verify_or_suites() -> None:
         imported = _imports(name, path, top_level_only=False)
         bad = sorted(m for m in imported if m.split(".")[0] in ("verify", "suites"))
         assert not bad, f"{name} imports {', '.join(bad)}"
+
+
+def _environment_reads(path: Path) -> list[str]:
+    """Reads of the environment in a module: `os.environ.get`, `os.getenv`, `os.environ[...]` loads,
+    `... in os.environ`, and iterating it. Writes (`os.environ[k] = v`) and copies handed to a child
+    (`dict(os.environ)`) are not reads of a setting."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Subscript, ast.Compare)) else ""
+        if isinstance(node, ast.Call) and text.startswith(("os.environ.get(", "os.getenv(", "os.environ.items(",
+                                                                  "os.environ.keys(", "os.environ.values(")):
+            found.append(f"line {node.lineno}: {text[:60]}")
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and text.startswith("os.environ["):
+            found.append(f"line {node.lineno}: {text[:60]}")
+        elif isinstance(node, ast.Compare) and any(ast.unparse(c) == "os.environ" for c in node.comparators):
+            found.append(f"line {node.lineno}: {text[:60]}")
+    return found
+
+
+def test_only_the_settings_module_reads_the_environment() -> None:
+    """Every switch is declared once, in compiler/settings.py, and read through it (the cache key and
+    `fuseguard env` then know every variable that exists)."""
+    offenders = {}
+    for name, path in _product_modules().items():
+        if name != "compiler.settings":
+            reads = _environment_reads(path)
+            if reads:
+                offenders[name] = reads
+    assert not offenders, f"environment read outside compiler/settings.py: {offenders}"
+
+
+def test_the_environment_read_finder_finds_reads(tmp_path: Path) -> None:
+    code = tmp_path / "m.py"
+    code.write_text("import os\na = os.environ.get('X')\nb = os.environ['Y']\nc = 'Z' in os.environ\n"
+                    "os.environ['W'] = '1'\nd = dict(os.environ)\n")
+    assert [r.split(":")[0] for r in _environment_reads(code)] == ["line 2", "line 3", "line 4"]
+
+
+def test_settings_are_declared_and_code_settings_join_the_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compiler import settings
+
+    with pytest.raises(KeyError, match="not a fuseguard setting"):
+        settings.get("FUSEGUARD_NO_SUCH_SWITCH")
+    monkeypatch.setenv("FUSEGUARD_CPU_SCHEDULE_OFF", "fast_math")
+    monkeypatch.setenv("FUSEGUARD_CACHE_MAX_MB", "12")
+    env = settings.code_environment()
+    assert env.get("FUSEGUARD_CPU_SCHEDULE_OFF") == "fast_math"
+    assert "FUSEGUARD_CACHE_MAX_MB" not in env            # where the cache lives does not change code
+    monkeypatch.setenv("TVM_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="TVM_NUM_THREADS='two': expected an integer"):
+        settings.integer("TVM_NUM_THREADS")

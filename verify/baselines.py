@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-import os
 import platform
 import re
 import statistics
@@ -69,9 +68,9 @@ def cpu_class_id(mcpu: str, cores: int) -> str:
 
 def host_cpu_class() -> str:
     """This machine's CPU class: LLVM's host CPU name (via TVM) and the cores this process may use."""
-    from tvm.target import codegen  # imported lazily: TVM takes most of a second to load
+    from compiler.hostcpu import llvm_host_name, usable_cores  # lazily: TVM takes most of a second to load
 
-    return cpu_class_id(str(codegen.llvm_get_system_cpu()), len(os.sched_getaffinity(0)))
+    return cpu_class_id(llvm_host_name(), usable_cores())
 
 
 def fusion_label(enabled: bool = True, disabled: Iterable[str] = ()) -> str:

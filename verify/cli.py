@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from compiler import settings
 from compiler.errors import FuseguardError, UsageError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -178,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="smoke: the <5-minute subset only (default: full, which also holds the smoke subset)")
 
     sub.add_parser("patterns", help="list the fusion patterns")
+    sub.add_parser("env", help="the environment variables fuseguard reads, with the values this shell sets "
+                               "and the host it detects")
     from .bisect import add_bisect_parser
 
     add_bisect_parser(sub)
@@ -477,8 +480,6 @@ def _sources(args: argparse.Namespace) -> list[Any]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import os
-
     from rich.console import Console
 
     from compiler.onnx_loader import parse_shape_spec
@@ -549,7 +550,7 @@ def _bench(args: argparse.Namespace) -> int:
     console.print(render(results, f"fuseguard bench ({threads} threads, {args.processes} fresh process(es) x "
                                   f">= {args.repeats} interleaved rounds after warm-up, thread pools "
                                   f"{args.thread_pools}; "
-                                  f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
+                                  f"cpu {settings.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
     if args.json:
         from .atomic import atomic_write_json
 
@@ -559,7 +560,7 @@ def _bench(args: argparse.Namespace) -> int:
         from .html import render_bench
 
         atomic_write_text(args.html, render_bench([r.to_dict() for r in results], note=f"{threads} threads, "
-                          f"cpu {os.environ.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'}"))
+                          f"cpu {settings.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'}"))
         print(f"wrote {args.html}")
     return worst
 
@@ -933,6 +934,27 @@ def _patterns(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _env(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from compiler.hostcpu import detect_host
+
+    table = Table(title="environment variables fuseguard reads (compiler/settings.py)")
+    for col in ("variable", "value", "changes code", "what"):
+        table.add_column(col, overflow="fold")
+    for name, value, what, code in settings.rows():
+        table.add_row(name, value or "-", "yes" if code else "", what)
+    console = Console()
+    console.print(table)
+    h = detect_host()
+    kib = lambda n: f"{n // 1024} KiB" if n else "?"  # noqa: E731
+    console.print(f"host: {h.model_name or h.vendor or '?'} -> mcpu {h.mcpu}, {h.cores} usable core(s), "
+                  f"{h.vector_bits}-bit vectors ({h.vector_registers} registers), L1D {kib(h.l1d_bytes)}, "
+                  f"L2 {kib(h.l2_bytes)}, L3 {kib(h.l3_bytes)}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -941,7 +963,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from .bisect import run_bisect
 
-    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "profile": _profile,
+    handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "env": _env, "profile": _profile,
                "reduce": _reduce,
                "tune": _tune, "conformance": _conformance, "gate": _gate, "cache": _cache, "compile": _compile,
                "device-bundle": _device_bundle,

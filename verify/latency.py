@@ -9,12 +9,12 @@ run into `baselines/<arch>.json` when asked to.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compiler import settings
 from compiler.pipeline import CompileOptions
 
 from .timing import ForeignLoad, Samples, measure_interleaved, ort_timing_options
@@ -86,7 +86,7 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
         inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
         built = compile_cached(loaded, options)
         spec = resolve(options.gpu_arch, options.mcpu)
-        threads = threads or int(os.environ.get("TVM_NUM_THREADS", "0")) or spec.num_cores or 1
+        threads = threads or settings.integer("TVM_NUM_THREADS") or spec.num_cores or 1
         if spec.is_gpu:
             reference, kind = _calibration_kernel(spec), "calibration-matmul-1024"
             device = _gpu_name()

@@ -13,12 +13,17 @@ crash or hang in TVM fails that one test with "crashed (SIGSEGV) while ..." and 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+def _settings() -> Any:
+    from compiler import settings   # imported when pytest asks, not when it loads the plugin
+
+    return settings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--baseline-candidate", default=None, metavar="DIR",
                     help="also write this run's entries to DIR/<arch>.json (a candidate baseline, e.g. for CI "
                          "artifacts)")
-    group.addoption("--baseline-rev", default=os.environ.get("FUSEGUARD_BASELINE_REV"), metavar="REV",
+    group.addoption("--baseline-rev", default=_settings().get("FUSEGUARD_BASELINE_REV"), metavar="REV",
                     help="gate latency A/B against this revision's compiler, same run, instead of the stored "
                          "baselines (works on any machine class; env FUSEGUARD_BASELINE_REV)")
     group.addoption("--gate-config", default=None, metavar="FILE.json",
@@ -190,7 +195,6 @@ def verify_dynamic(request: pytest.FixtureRequest, fuseguard_worker: Any, compil
 @pytest.fixture(scope="session")
 def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any, gpu_arch: str | None):
     """gate(source) -> GateResult: time a model against its baseline; fails the test on a real slowdown."""
-    import json
     import warnings
 
     from compiler.target import cuda_device_present

@@ -264,7 +264,9 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[
     whole fused model 1331 vs 766 us. Profiled without spinning, `tune` would have split attention back
     while the whole model ran 4.5% faster with it (interleaved in one process, 3 runs)."""
     if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from compiler.hostcpu import usable_cores
+
+        threads = usable_cores()
     return {**(NO_SPIN_ENV if against_ort else {}), "TVM_NUM_THREADS": str(threads)}
 
 

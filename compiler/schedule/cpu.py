@@ -12,7 +12,6 @@ as it was (correct, just slow) and listed in the report.  Every optimisation has
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -21,6 +20,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
+from .. import settings
 from ..hostcpu import HostCPU, host_from_target
 from . import approx
 from .cpu_conv import (MIN_GROUP_TILE, conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d,
@@ -91,8 +91,8 @@ class CpuScheduleOptions:
     def from_env(cls) -> CpuScheduleOptions:
         """``FUSEGUARD_CPU_SCHEDULE_OFF=pack_weights,conv`` turns switches off, ``..._ON=fast_math`` on."""
         opts = cls()
-        off = {s.strip() for s in os.environ.get("FUSEGUARD_CPU_SCHEDULE_OFF", "").split(",") if s.strip()}
-        on = {s.strip() for s in os.environ.get("FUSEGUARD_CPU_SCHEDULE_ON", "").split(",") if s.strip()}
+        off = set(settings.items("FUSEGUARD_CPU_SCHEDULE_OFF"))
+        on = set(settings.items("FUSEGUARD_CPU_SCHEDULE_ON"))
         known = set(cls.__dataclass_fields__)
         bad = (off | on) - known
         if bad:

@@ -24,7 +24,6 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..hostcpu import HostCPU
 from .cpu_conv import CHANNEL_BLOCK_L2_SHARE, image_bytes
-from .cpu_elementwise import schedule_spatial_block
 from .tir_analysis import (REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all,
                            widened_load)
 
