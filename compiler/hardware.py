@@ -13,6 +13,11 @@ import tvm
 
 from . import hostcpu
 
+KiB, MiB = 1024, 1024 * 1024
+#: Static shared memory a CUDA block may use without opting in (``cudaFuncSetAttribute``); every
+#: architecture's `smem_static_limit`.
+CUDA_STATIC_SHARED_BYTES = 48 * KiB
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -37,14 +42,13 @@ class Hardware:
     reg_alloc_unit: int = 256       # registers are allocated per warp in units of 256
     smem_alloc_unit: int = 128      # shared memory is allocated per block in units of 128 bytes
     smem_reserved_per_block: int = 1024   # the system reserves 1 KiB of shared memory per block (sm_80+)
-    smem_static_limit: int = 48 * 1024    # static __shared__ beyond this needs the dynamic opt-in
+    smem_static_limit: int = CUDA_STATIC_SHARED_BYTES    # static __shared__ beyond this needs the dynamic opt-in
 
     @property
     def is_gpu(self) -> bool:
         return self.kind == "cuda"
 
 
-KiB, MiB = 1024, 1024 * 1024
 
 GPU_TABLE: dict[str, Hardware] = {
     # A100 SXM4 80 GB

@@ -43,4 +43,4 @@ def test_many_sizes_one_build(name: str, verify_dynamic) -> None:
     # to reach the tile edges: at least half the draws distinct sizes
     assert verdict.builds <= 2
     assert verdict.sizes_checked >= min(DRAWS, verdict.draws) // 2, verdict.sizes_checked
-    assert verdict.fused.report.get("dynamic"), "the fused build is not symbolic"
+    assert verdict.fused.report.dynamic, "the fused build is not symbolic"

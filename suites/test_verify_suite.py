@@ -39,7 +39,7 @@ def test_default_shape(model: SuiteModel, verify_model) -> None:
     """Every suite model, at its default shape, matches ONNX Runtime fused and unfused."""
     verdict = verify_model(SuiteSpec(model.name, tuple(sorted(model.default_dims.items())), seed=0))
     _check(verdict)
-    if verdict.fused.report.get("fusion"):
+    if verdict.fused.report.fusion:
         assert verdict.fused.kernels <= verdict.unfused.kernels
 
 

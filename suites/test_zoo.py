@@ -44,10 +44,10 @@ ATTENTION_MODELS = ("bert_tiny", "bert_tiny_dynamo", "gpt2_tiny", "llama_tiny", 
 def test_attention_pattern_matches_real_exports(name: str, verify_model) -> None:
     verdict = verify_model(SuiteSpec(name))
     assert verdict.status == "PASS", verdict.fused.error
-    decisions = [d for d in verdict.fused.report["decisions"] if d["pattern"] == "attention"]
+    decisions = [d for d in verdict.fused.report.decisions if d.pattern == "attention"]
     assert len(decisions) == 2, f"{name}: {len(decisions)} attention matches (2 layers)"
-    groups = [g for g in verdict.fused.report["groups"] if g["pattern"] == "attention"]
-    assert all(d["fused"] for d in decisions) == (len(groups) == 2), (decisions, groups)
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
+    assert all(d.fused for d in decisions) == (len(groups) == 2), (decisions, groups)
 
 
 #: Patterns each transformer export must fuse (2 layers each): GPT-2's MLP is a flattened Gemm (Conv1D)
@@ -69,7 +69,7 @@ def test_transformer_patterns_fuse(name: str, verify_model) -> None:
     verdict = verify_model(SuiteSpec(name))
     assert verdict.status == "PASS", verdict.fused.error
     counts: dict[str, int] = {}
-    for group in verdict.fused.report["groups"]:
-        counts[group["pattern"]] = counts.get(group["pattern"], 0) + 1
+    for group in verdict.fused.report.groups:
+        counts[group.pattern] = counts.get(group.pattern, 0) + 1
     for pattern, expected in EXPECTED_PATTERNS[name].items():
         assert counts.get(pattern, 0) == expected, (name, counts)

@@ -38,7 +38,7 @@ def test_pre_ln_block_builds_fused_and_matches() -> None:
     verdict = verify_model(build_dag(PRE_LN), name="pre_ln")
     assert verdict.status == "PASS", (verdict.fused.error, verdict.fused.compare)
     assert verdict.fused.pattern_groups >= 1
-    reasons = [d["reason"] for d in verdict.fused.report["decisions"]]
+    reasons = [d.reason for d in verdict.fused.report.decisions]
     assert any("not convex" in r for r in reasons), reasons
 
 
@@ -132,7 +132,7 @@ def test_two_convex_matches_that_depend_on_each_other_are_split() -> None:
                             ("layernorm", (3,))))
     verdict = verify_model(build_dag(recipe), name="cycle")
     assert verdict.status == "PASS", verdict.fused.error
-    assert any("dependency cycle" in d["reason"] for d in verdict.fused.report["decisions"])
+    assert any("dependency cycle" in d.reason for d in verdict.fused.report.decisions)
 
 
 def test_conv_with_a_second_output_is_not_fused() -> None:
@@ -141,4 +141,4 @@ def test_conv_with_a_second_output_is_not_fused() -> None:
     recipe = Recipe("image", (("add_const", (0,)), ("conv", (1,)), ("add_const", (2,)), ("clip", (2,))))
     verdict = verify_model(build_dag(recipe), name="two_outputs")
     assert verdict.status == "PASS", verdict.fused.error
-    assert any("second output" in d["reason"] for d in verdict.fused.report["decisions"] if not d["fused"])
+    assert any("second output" in d.reason for d in verdict.fused.report.decisions if not d.fused)

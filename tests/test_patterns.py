@@ -18,12 +18,12 @@ def test_attention_becomes_the_tiled_kernel_and_matches() -> None:
 
     verdict = verify_model(SuiteSpec("bert_encoder", (("seq", 16),)))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
-    groups = [g for g in verdict.fused.report["groups"] if g["pattern"] == "attention"]
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
     assert len(groups) == 1
-    assert groups[0]["function"].startswith("fused_attention")
-    assert groups[0]["ops"] == ["matmul", "multiply", "add", "softmax", "matmul"]
-    assert {"MatMul", "Mul", "Add", "Softmax"} <= {n.split("_")[0] for n in groups[0]["onnx_nodes"]} or \
-        len(groups[0]["onnx_nodes"]) >= 4
+    assert groups[0].function.startswith("fused_attention")
+    assert groups[0].ops == ["matmul", "multiply", "add", "softmax", "matmul"]
+    assert {"MatMul", "Mul", "Add", "Softmax"} <= {n.split("_")[0] for n in groups[0].onnx_nodes} or \
+        len(groups[0].onnx_nodes) >= 4
 
 
 def test_decomposed_layernorm_is_recognised_with_all_its_nodes() -> None:
@@ -98,4 +98,4 @@ def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> Non
 
     verdict = verify_model(SuiteSpec("attention_masked", (("batch", 1), ("seq", seq))))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
-    assert [g["pattern"] for g in verdict.fused.report["groups"]].count("attention") == 1
+    assert [g.pattern for g in verdict.fused.report.groups].count("attention") == 1

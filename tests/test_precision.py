@@ -112,7 +112,7 @@ def test_mlp_verifies_in_reduced_precision_fused_as_right_as_unfused(precision: 
     out = check.outputs[0]
     assert out.unfused_rmse > 1e-5          # really reduced: fp32 would sit near 1e-7
     assert out.fused_rmse <= 1.5 * out.unfused_rmse
-    assert "matmul" in verdict.fused.report["dtypes"]
+    assert "matmul" in verdict.fused.report.dtypes
 
 
 def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(tmp_path: Path) -> None:

@@ -416,10 +416,9 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
                 print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
                       f"{build.compare.summary()}", file=sys.stderr)
     if args.report and verdict.fused.report:
-        from compiler.report import FusionReport
         from compiler.sass import SassReport
 
-        rep = FusionReport.from_dict(verdict.fused.report)
+        rep = verdict.fused.report
         console.print(rep.render())
         if rep.sass:      # CUDA builds: every kernel's registers, spills, shared memory and occupancy
             console.print(SassReport.from_dict(rep.sass).render())
@@ -447,8 +446,7 @@ def _row(verdict) -> tuple[str, ...]:
         return "-" if build.error else "cached" if build.cached else f"{build.compile_s:.1f}"
 
     model = verdict.model
-    if verdict.fused.report.get("imported_via", "onnx") != "onnx" or \
-            verdict.unfused.report.get("imported_via", "onnx") != "onnx":
+    if any(b.report is not None and b.report.imported_via != "onnx" for b in (verdict.fused, verdict.unfused)):
         model += " (ORT-folded)"     # imported through ONNX Runtime's shape folding: say so
     return (model, str(verdict.nodes), groups, _fmt_err(verdict.fused), _fmt_err(verdict.unfused),
             f"[{colour}]{shown}[/]", f"{secs(verdict.fused)} / {secs(verdict.unfused)}")

@@ -20,6 +20,7 @@ from compiler import progress
 from compiler.cache import compile_cached
 from compiler.plugins import load_env_plugins
 from compiler.pipeline import CompileOptions, CompiledModel
+from compiler.report import FusionReport
 from compiler.target import cuda_device_present, resolve
 
 from .compare import CompareResult, Tolerance, compare_outputs
@@ -90,7 +91,7 @@ class BuildResult:
     compare: CompareResult | None = None
     error: str | None = None
     traceback: str | None = None    # the worker-side traceback of `error` (shown with --debug)
-    report: dict[str, Any] = field(default_factory=dict)
+    report: FusionReport | None = None     # the build's own report: a dataclass that pickles
     cached: bool = False            # served from the build cache (compile_s is then the original build's)
     #: reduced-precision builds (the fused side): its error against fp64 beside the unfused build's
     fp64: Any = None                # verify.precision.Fp64Check
@@ -110,7 +111,8 @@ class BuildResult:
         return max(errors) if errors else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("compare", "fp64")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("compare", "fp64", "report")}
+        d["report"] = self.report.to_dict() if self.report is not None else {}
         d["compare"] = self.compare.to_dict() if self.compare is not None else None
         d["fp64"] = self.fp64.to_dict() if self.fp64 is not None else None
         d["max_abs_error"] = self.max_abs_error
@@ -201,7 +203,7 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
     result.compile_s, result.kernels = compiled.compile_s, rep.kernels
     result.cached = compiled.cache_hit
     result.groups, result.pattern_groups = len(rep.groups), len(rep.pattern_groups)
-    result.report = rep.to_dict()
+    result.report = rep
     if reference is not None:
         progress.stage(f"run {config} and compare")
         start = time.perf_counter()

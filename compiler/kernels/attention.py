@@ -33,6 +33,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
+from ..hardware import CUDA_STATIC_SHARED_BYTES
+
 if TYPE_CHECKING:
     from ..hardware import Hardware
 
@@ -50,8 +52,8 @@ __all__ = [
     "host_target",
 ]
 
-#: Static shared memory a CUDA block may use without opting in (``cudaFuncSetAttribute``).
-CUDA_DEFAULT_SHARED_BYTES = 48 * 1024
+#: Static shared memory a CUDA block may use without opting in: the hardware table's figure.
+CUDA_DEFAULT_SHARED_BYTES = CUDA_STATIC_SHARED_BYTES
 #: Per-task scratch the CPU kernel aims to keep in L1/L2 (a budget, not a hard limit).
 CPU_DEFAULT_SCRATCH_BYTES = 256 * 1024
 
