@@ -1,15 +1,129 @@
-"""The fusion cost model: every candidate group gets a decision and a reason, fused or not."""
+"""The fusion cost model: the analytic estimate (bytes and launches a group saves, at the sizes a symbolic
+build decides with) and the decision every candidate group gets, with its reason, fused or not. A
+measured decision (compiler/decisions.py) wins over the estimate where one exists."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import tvm
+from tvm import relax
 
 from .decisions import Measured, decision_key
 from .hardware import Hardware
 from .legality import convexity_violation
-from .patterns import CostEstimate, Match, PatternRule, intermediate_traffic_cost
+from .tags import indices as _tag_indices
 
+if TYPE_CHECKING:
+    from .patterns import Match, PatternRule
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+@dataclass
+class CostEstimate:
+    """Predicted benefit of fusing one group on one target."""
+
+    bytes_saved: int          # global-memory traffic avoided (intermediates not written and re-read)
+    launches_saved: int       # kernels (GPU launches / CPU parallel regions) avoided
+    predicted_us: float       # bytes_saved / bandwidth + launches_saved * launch overhead
+
+    @property
+    def beneficial(self) -> bool:
+        return self.predicted_us > 0
+
+
+#: Sizes the cost model decides with in a symbolic build ({dim name: size}, compiler/dynamic.py): each
+#: dynamic dim's bound, else a representative size. Set by `decide_at` for one fusion pass.
+_DECIDE_SIZES: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def decide_at(sizes: Mapping[str, int]) -> Iterator[None]:
+    """Within this block, symbolic dims count as `sizes` for cost estimates (never for legality)."""
+    global _DECIDE_SIZES
+    saved, _DECIDE_SIZES = _DECIDE_SIZES, dict(sizes)
+    try:
+        yield
+    finally:
+        _DECIDE_SIZES = saved
+
+
+def dims_for_cost(expr: relax.Expr) -> list[int] | None:
+    """A tensor's dims, with symbolic ones evaluated at the `decide_at` sizes; None when unknown."""
+    sinfo = getattr(expr, "ty", None)
+    if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None:
+        return None
+    out = []
+    for d in sinfo.shape.values:
+        if isinstance(d, tvm.tirx.IntImm):
+            out.append(int(d))
+            continue
+        from tvm.sym import Analyzer
+        from tvm.tirx import analysis
+
+        ana = Analyzer()
+        for var in analysis.undefined_vars(d, []):
+            if var.name not in _DECIDE_SIZES:
+                return None
+            ana.bind(var, tvm.tirx.IntImm("int64", _DECIDE_SIZES[var.name]))  # Relax shapes are int64
+        value = ana.simplify(d)
+        if not isinstance(value, tvm.tirx.IntImm):
+            return None
+        out.append(int(value))
+    return out
+
+
+def tensor_bytes(expr: relax.Expr) -> int:
+    sinfo = expr.ty
+    dims = dims_for_cost(expr)
+    if dims is None:
+        return 0
+    bits = tvm.runtime.DataType(sinfo.dtype).bits if sinfo.dtype else 32
+    return math.prod(dims) * max(1, bits // 8)
+
+
+def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
+    """Default cost: each intermediate tensor is written once and read once per consumer when unfused."""
+    out = match.output_var()
+    saved = 0
+    for var in match.vars:
+        if var is out:
+            continue
+        nbytes = tensor_bytes(var)
+        readers = max(1, len([u for u in match.var_usages.get(var, [])]))
+        saved += nbytes * (1 + readers)
+    launches = max(0, len(match.ops) - 1)
+    us = saved / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us
+    return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us)
+
+
+def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
+    """A rule that recognises a decomposed op (LayerNorm, RMSNorm written out as ~9 ONNX nodes): each
+    merged node was its own kernel writing and re-reading a tensor the size of the output."""
+    base = intermediate_traffic_cost(match, hw)
+    merged = merged_nodes(match.output_var())
+    if merged < 2:
+        return base
+    # A recognised decomposition: 9 elementwise/reduction kernels become one; each wrote and re-read a
+    # tensor the size of the input (the two means are 1/C of that and are ignored).
+    nbytes = tensor_bytes(match.output_var())
+    extra = (merged - 1) * 2 * nbytes
+    launches = base.launches_saved + merged - 1
+    return CostEstimate(base.bytes_saved + extra, launches,
+                        (base.bytes_saved + extra) / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us)
+
+
+def merged_nodes(var: relax.Var | None) -> int:
+    """How many ONNX nodes a binding stands for (a recognised `n1x2x3_Op` tag counts each)."""
+    return max(1, len(_tag_indices(var.name))) if var is not None else 1
+
+
+# ----------------------------------------------------------------------------- the decision
 
 #: Rules whose fused kernel is a matmul or conv with an epilogue: the CPU schedules tile one output, so a
 #: group whose intermediate is also read outside (a second output) cannot be scheduled as one.

@@ -10,9 +10,7 @@ Users add rules with `register_pattern` (see README "Extending fuseguard").
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +20,9 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from . import tags
+# The analytic estimate lives in compiler/cost.py; re-exported here for rules written against this module.
+from .cost import (CostEstimate, decide_at, decomposition_cost, dims_for_cost, intermediate_traffic_cost,  # noqa: F401
+                   merged_nodes, tensor_bytes)
 from .hardware import Hardware, for_target
 
 
@@ -113,19 +114,6 @@ class Match:
         return None
 
 
-@dataclass
-class CostEstimate:
-    """Predicted benefit of fusing one group on one target."""
-
-    bytes_saved: int          # global-memory traffic avoided (intermediates not written and re-read)
-    launches_saved: int       # kernels (GPU launches / CPU parallel regions) avoided
-    predicted_us: float       # bytes_saved / bandwidth + launches_saved * launch overhead
-
-    @property
-    def beneficial(self) -> bool:
-        return self.predicted_us > 0
-
-
 CheckFn = Callable[[Match, Hardware], "str | None"]     # a reason not to fuse, or None
 CostFn = Callable[[Match, Hardware], CostEstimate]
 
@@ -149,76 +137,6 @@ class PatternRule:
 
 
 # --------------------------------------------------------------------------- helpers
-
-#: Sizes the cost model decides with in a symbolic build ({dim name: size}, compiler/dynamic.py): each
-#: dynamic dim's bound, else a representative size. Set by `decide_at` for one fusion pass.
-_DECIDE_SIZES: dict[str, int] = {}
-
-
-@contextlib.contextmanager
-def decide_at(sizes: Mapping[str, int]) -> Iterator[None]:
-    """Within this block, symbolic dims count as `sizes` for cost estimates (never for legality)."""
-    global _DECIDE_SIZES
-    saved, _DECIDE_SIZES = _DECIDE_SIZES, dict(sizes)
-    try:
-        yield
-    finally:
-        _DECIDE_SIZES = saved
-
-
-def dims_for_cost(expr: relax.Expr) -> list[int] | None:
-    """A tensor's dims, with symbolic ones evaluated at the `decide_at` sizes; None when unknown."""
-    sinfo = getattr(expr, "ty", None)
-    if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None:
-        return None
-    out = []
-    for d in sinfo.shape.values:
-        if isinstance(d, tvm.tirx.IntImm):
-            out.append(int(d))
-            continue
-        from tvm.sym import Analyzer
-        from tvm.tirx import analysis
-
-        ana = Analyzer()
-        for var in analysis.undefined_vars(d, []):
-            if var.name not in _DECIDE_SIZES:
-                return None
-            ana.bind(var, tvm.tirx.IntImm("int64", _DECIDE_SIZES[var.name]))  # Relax shapes are int64
-        value = ana.simplify(d)
-        if not isinstance(value, tvm.tirx.IntImm):
-            return None
-        out.append(int(value))
-    return out
-
-
-def tensor_bytes(expr: relax.Expr) -> int:
-    sinfo = expr.ty
-    dims = dims_for_cost(expr)
-    if dims is None:
-        return 0
-    bits = tvm.runtime.DataType(sinfo.dtype).bits if sinfo.dtype else 32
-    return math.prod(dims) * max(1, bits // 8)
-
-
-def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
-    """Default cost: each intermediate tensor is written once and read once per consumer when unfused."""
-    out = match.output_var()
-    saved = 0
-    for var in match.vars:
-        if var is out:
-            continue
-        nbytes = tensor_bytes(var)
-        readers = max(1, len([u for u in match.var_usages.get(var, [])]))
-        saved += nbytes * (1 + readers)
-    launches = max(0, len(match.ops) - 1)
-    us = saved / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us
-    return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us)
-
-
-def merged_nodes(var: relax.Var | None) -> int:
-    """How many ONNX nodes a binding stands for (a recognised `n1x2x3_Op` tag counts each)."""
-    return max(1, len(tags.indices(var.name))) if var is not None else 1
-
 
 def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
     return is_op(op)(a, b) | is_op(op)(b, a)
@@ -389,20 +307,6 @@ def _layernorm_check(match: Match, hw: Hardware) -> str | None:
     return None
 
 
-def _layernorm_cost(match: Match, hw: Hardware) -> CostEstimate:
-    base = intermediate_traffic_cost(match, hw)
-    merged = merged_nodes(match.output_var())
-    if merged < 2:
-        return base
-    # A recognised decomposition: 9 elementwise/reduction kernels become one; each wrote and re-read a
-    # tensor the size of the input (the two means are 1/C of that and are ignored).
-    nbytes = tensor_bytes(match.output_var())
-    extra = (merged - 1) * 2 * nbytes
-    launches = base.launches_saved + merged - 1
-    return CostEstimate(base.bytes_saved + extra, launches,
-                        (base.bytes_saved + extra) / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us)
-
-
 def _prepare_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
     from .passes import recognize_layernorm
 
@@ -550,11 +454,6 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     return None
 
 
-def _attention_cost(match: Match, hw: Hardware) -> CostEstimate:
-    base = intermediate_traffic_cost(match, hw)
-    return base
-
-
 # --------------------------------------------------------------------------- the table
 
 PATTERNS: dict[str, PatternRule] = {}
@@ -595,7 +494,7 @@ register_pattern(PatternRule(
     description="MatMul(Q, K^T) -> scale -> (+mask) -> Softmax -> MatMul(V) as one kernel",
     variants=_attention_variants,
     check=_attention_check,
-    cost=_attention_cost,
+    cost=intermediate_traffic_cost,
     tags=("attention",),
 ))
 
@@ -632,7 +531,7 @@ register_pattern(PatternRule(
     description="(bias +) residual add + LayerNorm in one kernel; decomposed LayerNorm recognised as one op",
     variants=_layernorm_variants,
     check=_layernorm_check,
-    cost=_layernorm_cost,
+    cost=decomposition_cost,
     prepare=_prepare_layernorm,
     tags=("layernorm",),
 ))
@@ -643,7 +542,7 @@ register_pattern(PatternRule(
                 "Sqrt, Div, Mul, Mul) recognised as one op",
     variants=_rmsnorm_variants,
     check=_rmsnorm_check,
-    cost=_layernorm_cost,
+    cost=decomposition_cost,
     prepare=_prepare_rmsnorm,
     tags=("rmsnorm",),
 ))

@@ -497,7 +497,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                 rep.stage_s[f"prepare_{rule.name}"] = time.perf_counter() - start
         fusion_patterns = _fusion_patterns(options, hw, decisions, vetoed, spec)
         try:
-            with patterns.decide_at({d.name: d.decide_size for d in options.dynamic}):
+            with cost.decide_at({d.name: d.decide_size for d in options.dynamic}):
                 mod = stage("pattern_fusion", [T.FuseOpsByPattern(fusion_patterns, bind_constants=False,
                                                                   annotate_codegen=False)], mod)
         except CompileError as err:
@@ -513,7 +513,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         start = time.perf_counter()
         wanted = {gv: patterns.PATTERNS[d.pattern].replacement for gv, d in links.items()
                   if d.pattern in patterns.PATTERNS and patterns.PATTERNS[d.pattern].replacement is not None}
-        with target, patterns.decide_at({d.name: d.decide_size for d in options.dynamic}):
+        with target, cost.decide_at({d.name: d.decide_size for d in options.dynamic}):
             mod, replaced = apply_replacements(mod, wanted, spec)    # kernels tiled at the same sizes
         links.update({kernel: links[composite] for kernel, composite in replaced})
         replaced_calls = [(kernel, links[composite]) for kernel, composite in replaced]
