@@ -1,0 +1,424 @@
+"""The bisection itself: probe both builds kernel by kernel, align them, walk in execution order to the
+first group that drifts (or bisect the ONNX graph when the unfused build is already wrong)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from compiler.errors import FuseguardError, UsageError
+
+from ..compare import CompareResult, OutputCompareResult, Tolerance, Tolerances, compare_outputs
+from .graph import OnnxGraph, close, compare_one, expose, extract, max_abs, stem, tolerance_for
+from .results import BLAME_FUSION, BLAME_LOWERING, BisectResult, Culprit, Reproducer
+
+if TYPE_CHECKING:
+    from compiler.capture import Alignment, CaptureManifest, CapturedKernel
+    from compiler.onnx_loader import LoadedModel
+    from compiler.pipeline import CompileOptions, CompiledModel
+
+
+def _anchors(build: "_Build") -> dict[str, str]:
+    """Fused capture key -> the pattern group's output var before fusion (the cost model's anchor).
+
+    Only for functions called once: FuseOps/FuseTIR merge structurally identical groups into one
+    function, and the report then repeats that function's first anchor for every call.
+    """
+    from compiler.capture import node_index
+
+    calls: dict[str, list[str]] = {}
+    for k in build.manifest.kernels:
+        if k.tuple_index in (None, 0):
+            calls.setdefault(k.function, []).append(k.key)
+    seen: dict[str, int] = {}
+    out: dict[str, str] = {}
+    for g in build.compiled.report.groups:
+        i = seen.get(g.function, 0)
+        seen[g.function] = i + 1
+        keys = calls.get(g.function, [])
+        if g.pattern != "generic" and len(keys) == 1 and i == 0 and node_index(g.output_var) is not None:
+            out[keys[i]] = g.output_var
+    return out
+
+
+@dataclass
+class _Build:
+    compiled: "CompiledModel"
+    manifest: "CaptureManifest"
+    outputs: list[np.ndarray]
+    captures: dict[str, np.ndarray]
+
+
+class _Bisector:
+    def __init__(self, loaded: "LoadedModel", options: "CompileOptions", inputs: dict[str, np.ndarray],
+                 tolerances: Tolerances, out_dir: Path, confirm: bool, strategy: str) -> None:
+        self.loaded, self.options, self.inputs = loaded, options, inputs
+        self.tolerances, self.out_dir, self.confirm, self.strategy = tolerances, out_dir, confirm, strategy
+        self.graph = OnnxGraph(loaded.model)
+        self.result = BisectResult(model=loaded.name, target="", status="drift")
+        self.start = time.perf_counter()
+
+    # -- steps
+
+    def _timed(self, label: str, start: float) -> None:
+        self.result.timings[label] = self.result.timings.get(label, 0.0) + time.perf_counter() - start
+
+    def build(self, options: "CompileOptions", label: str) -> _Build:
+        from compiler.capture import CapturePass
+        from compiler.pipeline import compile_model
+
+        capture = CapturePass()
+        opts = dataclasses.replace(options, extra_passes=tuple(options.extra_passes) + (("after_tir_fusion", capture),))
+        start = time.perf_counter()
+        compiled = compile_model(self.loaded, options=opts)
+        self.result.builds += 1
+        self._timed(f"build {label}", start)
+        start = time.perf_counter()
+        flat = compiled.run(self.inputs)
+        self._timed(f"run {label}", start)
+        outputs, captures = capture.manifest.split(flat)
+        return _Build(compiled, capture.manifest, outputs, captures)
+
+    def onnx_tensors(self, manifest: "CaptureManifest") -> dict[str, str]:
+        """Capture key -> the ONNX tensor it holds (model inputs, tagged node outputs, model outputs)."""
+        from compiler.capture import node_index
+
+        out: dict[str, str] = dict(zip(manifest.params, self.loaded.input_shapes))
+        folded = self.options.bn_folding
+        for k in manifest.kernels:
+            index = node_index(k.key) if "#" not in k.key else None
+            tensor = self.graph.node_tensor(index, folded) if index is not None else None
+            if tensor is not None:
+                out[k.key] = tensor
+        for key, name in zip(manifest.outputs, self.loaded.output_names):
+            if key:
+                out[key] = name
+        return out
+
+    def node_names(self, keys: Sequence[str]) -> tuple[list[str], list[str]]:
+        from compiler.capture import node_indices
+
+        idx = sorted({i for k in keys for i in node_indices(k) if i < len(self.graph.nodes)})
+        return [self.graph.nodes[i].name for i in idx], [self.graph.nodes[i].op_type for i in idx]
+
+    def run(self) -> BisectResult:
+        from compiler.capture import align
+        from compiler.target import cuda_device_present, resolve
+
+        from ..core import run_onnxruntime
+
+        res = self.result
+        spec = resolve(self.options.gpu_arch, self.options.mcpu)
+        res.target = spec.label
+        if spec.is_gpu and not cuda_device_present():
+            return self._untestable("no CUDA device to run the build on")
+        try:
+            fused = self.build(self.options, "fused")
+            unfused = self.build(self.options.unfused(), "unfused")
+        except FuseguardError as err:
+            if isinstance(err, UsageError):
+                raise
+            return self._untestable(str(err))
+        except Exception as err:  # a TVM failure while building or running: this commit cannot be tested
+            return self._untestable(f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}")
+
+        u2onnx = self.onnx_tensors(unfused.manifest)
+        start = time.perf_counter()
+        wanted = [t for k, t in u2onnx.items() if k not in unfused.manifest.params]
+        reference = run_onnxruntime(expose(self.loaded.model, wanted), self.inputs)
+        self._timed("onnxruntime", start)
+        names = self.loaded.output_names
+        res.fused_vs_reference = compare_outputs(dict(zip(names, fused.outputs)), {n: reference[n] for n in names},
+                                                 tolerances=self.tolerances)
+        res.unfused_vs_reference = compare_outputs(dict(zip(names, unfused.outputs)),
+                                                   {n: reference[n] for n in names}, tolerances=self.tolerances)
+        start = time.perf_counter()
+        alignment = align(fused.manifest, unfused.manifest, anchors=_anchors(fused))
+        self._timed("align", start)
+        res.unmapped = list(alignment.unmapped)
+        if res.fused_vs_reference and res.unfused_vs_reference:
+            res.status = "no-drift"
+            return self._finish()
+
+        culprits: list[Culprit] = []
+        if not res.unfused_vs_reference:
+            lowering = None if self.strategy == "onnx-order" else self._lowering_culprit(unfused, u2onnx, reference)
+            if lowering is None and self.strategy != "onnx-order":
+                res.notes.append("no unfused intermediate that maps to an ONNX tensor drifts; bisecting the ONNX "
+                                 "graph in node order")
+            if lowering is None:
+                lowering = self._onnx_order_culprit(reference)
+            if lowering is not None:
+                culprits.append(lowering)
+        if not res.fused_vs_reference or (res.unfused_vs_reference and not culprits):
+            fusion = self._fusion_culprit(fused, unfused, alignment, u2onnx)
+            if fusion is not None:
+                culprits.append(fusion)
+            elif not res.unfused_vs_reference:
+                pass  # the fused build inherits the lowering drift; nothing fusion-specific diverged
+            else:
+                res.notes.append(f"no fused kernel that maps onto the unfused build diverges "
+                                 f"({len(alignment.unmapped)} fused kernels could not be mapped)")
+        if culprits:
+            res.culprit, res.other = culprits[0], culprits[1:]
+            start = time.perf_counter()
+            try:
+                res.reproducer = self._reproducer(res.culprit, fused, unfused, alignment, u2onnx, reference)
+            except Exception as err:  # the verdict stands without a reproducer
+                res.notes.append(f"no reproducer: {type(err).__name__}: {err}")
+            self._timed("reproducer", start)
+        return self._finish()
+
+    def _finish(self) -> BisectResult:
+        self.result.seconds = time.perf_counter() - self.start
+        return self.result
+
+    def _untestable(self, why: str) -> BisectResult:
+        self.result.status = "untestable"
+        self.result.error = why
+        return self._finish()
+
+    # -- blame: import/lowering (unfused vs ORT)
+
+    def _lowering_culprit(self, unfused: _Build, u2onnx: Mapping[str, str],
+                          reference: Mapping[str, np.ndarray]) -> Culprit | None:
+        from compiler.capture import upstream
+
+        agree: set[str] = set(unfused.manifest.params)
+        keys = unfused.manifest.by_key()
+        for k in unfused.manifest.kernels:
+            tensor = u2onnx.get(k.key)
+            if tensor is None or tensor not in reference or reference[tensor].shape != unfused.captures[k.key].shape:
+                continue
+            self.result.compared += 1
+            actual, ref = unfused.captures[k.key], reference[tensor]
+            if close(actual, ref, tolerance_for(tensor, ref, self.tolerances)):
+                agree.add(k.key)
+                continue
+            closure = upstream(k, keys, agree, set(unfused.manifest.params), 10_000)
+            members, leaves = closure if closure else ([k.key], set())
+            input_errors: dict[str, float | None] = {}
+            for leaf in sorted(leaves):
+                t = u2onnx.get(leaf, leaf)
+                value = unfused.captures.get(leaf, self.inputs.get(t))
+                input_errors[t] = max_abs(value, reference[t]) if value is not None and t in reference else 0.0
+            nodes, ops = self.node_names(members)
+            return Culprit(
+                blame=BLAME_LOWERING, kernel=k.key, function=k.function, pattern="",
+                ops=[stem(keys[m].function) for m in members if m in keys], onnx_nodes=nodes, onnx_op_types=ops,
+                onnx_inputs=[u2onnx.get(leaf, leaf) for leaf in sorted(leaves, key=lambda x: keys[x].index if x in keys else -1)],
+                onnx_outputs=[tensor], error=compare_one(tensor, actual, ref, self.tolerances),
+                inputs_agree=bool(closure), input_errors=input_errors)
+        return None
+
+    def _onnx_order_culprit(self, reference: Mapping[str, np.ndarray]) -> Culprit | None:
+        """Bisect node order: the first prefix whose live tensors drift (unfused build vs ORT) ends at the culprit."""
+        from compiler.onnx_loader import load
+        from compiler.cache import compile_cached
+
+        from ..core import run_onnxruntime
+
+        g = self.graph
+        memo: dict[int, tuple[bool, CompareResult | None]] = {}
+
+        def drifts(k: int) -> bool:
+            if k in memo:
+                return memo[k][0]
+            outputs = g.frontier(k)
+            sub = extract(g.model, g.inputs, outputs)
+            feed = {i.name: self.inputs[i.name] for i in sub.graph.input if i.name in self.inputs}
+            start = time.perf_counter()
+            try:
+                sub_loaded = load(sub, {n: tuple(v.shape) for n, v in feed.items()}, name=f"prefix{k}")
+                compiled = compile_cached(sub_loaded, self.options.unfused())
+                self.result.builds += 1
+                got = compiled.run(feed)
+            except FuseguardError as err:
+                self.result.notes.append(f"prefix up to node {k} does not build ({err}); counted as drifting")
+                memo[k] = (True, None)
+                return True
+            finally:
+                self._timed("onnx-order bisection", start)
+            ref = run_onnxruntime(sub, feed)
+            cmp = compare_outputs(dict(zip(sub_loaded.output_names, got)), {n: ref[n] for n in sub_loaded.output_names},
+                                  tolerances=self.tolerances)
+            memo[k] = (not cmp, cmp)
+            return not cmp
+
+        lo, hi = 0, len(g.nodes) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if drifts(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        if not drifts(lo):
+            return None
+        node = g.nodes[lo]
+        cmp = memo[lo][1]
+        outs = [t for t in node.output if t]
+        if cmp is not None:
+            failing = [n for n in outs if n in cmp and not cmp[n]] or cmp.failed
+            error = cmp[failing[0]] if failing else cmp.worst
+        else:
+            error = OutputCompareResult(name=outs[0] if outs else node.name, dtype="", shape=(), passed=False,
+                                        tolerance=Tolerance(0, 0), reason="prefix does not build")
+        ins = [t for t in node.input if t and not g.is_constant(t)]
+        return Culprit(blame=BLAME_LOWERING, kernel=outs[0] if outs else node.name, function="", pattern="",
+                       ops=[node.op_type], onnx_nodes=[node.name], onnx_op_types=[node.op_type], onnx_inputs=ins,
+                       onnx_outputs=outs, error=error, inputs_agree=True if lo == 0 or not drifts(lo - 1) else None,
+                       input_errors={t: 0.0 for t in ins}, via="ONNX-order bisection")
+
+    # -- blame: fusion (fused vs unfused)
+
+    def _fusion_culprit(self, fused: _Build, unfused: _Build, alignment: "Alignment",
+                        u2onnx: Mapping[str, str]) -> Culprit | None:
+        agree: dict[str, float | None] = {p: 0.0 for p in fused.manifest.params}
+        for k in fused.manifest.kernels:
+            target = alignment.mapping.get(k.key)
+            if target is None or target not in unfused.captures:
+                continue
+            self.result.compared += 1
+            actual, ref = fused.captures[k.key], unfused.captures[target]
+            if close(actual, ref, tolerance_for(target, ref, self.tolerances)):
+                agree[k.key] = max_abs(actual, ref)
+                continue
+            input_errors: dict[str, float | None] = {}
+            inputs_agree: bool | None = True
+            for v in k.input_vars:
+                u = alignment.mapping.get(v, v if v in fused.manifest.params else None)
+                if v in agree:
+                    input_errors[u2onnx.get(u or v, v)] = agree[v]
+                elif u is not None and v in fused.captures and u in unfused.captures:
+                    input_errors[u2onnx.get(u, u)] = max_abs(fused.captures[v], unfused.captures[u])
+                    inputs_agree = False
+                else:
+                    input_errors[v] = None
+                    inputs_agree = None if inputs_agree else inputs_agree
+            members = alignment.members.get(k.key, [target])
+            nodes, ops = self.node_names(members)
+            group = self._report_group(fused.compiled, k, target)
+            ins = [u2onnx.get(alignment.mapping.get(v, v), alignment.mapping.get(v, v)) for v in k.input_vars]
+            name = u2onnx.get(target, target)
+            return Culprit(
+                blame=BLAME_FUSION, kernel=k.key, function=k.function,
+                pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
+                ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
+                onnx_nodes=nodes, onnx_op_types=ops, onnx_inputs=list(dict.fromkeys(ins)), onnx_outputs=[name],
+                error=compare_one(name, actual, ref, self.tolerances), inputs_agree=inputs_agree,
+                input_errors=input_errors, reason=group.reason if group else "")
+        return None
+
+    @staticmethod
+    def _report_group(compiled: "CompiledModel", kernel: "CapturedKernel", target: str) -> Any:
+        groups = [g for g in compiled.report.groups if g.function == kernel.function]
+        for g in groups:
+            if g.output_var in (kernel.var, target):
+                return g
+        return groups[0] if groups else None
+
+    # -- the reproducer
+
+    def _reproducer(self, culprit: Culprit, fused: _Build, unfused: _Build, alignment: "Alignment",
+                    u2onnx: Mapping[str, str], reference: Mapping[str, np.ndarray]) -> Reproducer:
+        import onnx
+
+        from ..core import run_onnxruntime, verify_model
+
+        values: dict[str, np.ndarray] = dict(self.inputs)
+        for key, tensor in u2onnx.items():
+            if key in unfused.captures:
+                values.setdefault(tensor, unfused.captures[key])
+        if culprit.blame == BLAME_FUSION:  # the values the fused kernel actually read
+            for f_key, u_key in alignment.mapping.items():
+                if u_key in u2onnx and f_key in fused.captures:
+                    values[u2onnx[u_key]] = fused.captures[f_key]
+        g = self.graph
+        inputs = [t for t in culprit.onnx_inputs if not g.is_constant(t)]
+        sub = extract(g.model, inputs, culprit.onnx_outputs)
+        needed = [i.name for i in sub.graph.input]
+        missing = [n for n in needed if n not in values]
+        if missing:
+            values.update({k: v for k, v in run_onnxruntime(expose(g.model, missing), self.inputs).items() if k in missing})
+        feed = {n: np.ascontiguousarray(values[n]) for n in needed}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        model_path, inputs_path = self.out_dir / "repro.onnx", self.out_dir / "repro.npz"
+        onnx.save(sub, str(model_path))
+        np.savez(inputs_path, **feed)
+        command = f"fuseguard verify {model_path} --inputs {inputs_path}"
+        if not self.options.schedule:
+            command += " --no-schedule"
+        if self.options.gpu_arch:
+            command += f" --gpu-arch {self.options.gpu_arch}"
+        if culprit.blame == BLAME_FUSION:
+            command += "  # plus the --plugin that made the bad fusion, if it came from one"
+        repro = Reproducer(model=str(model_path), inputs=str(inputs_path), command=command)
+        if self.confirm:
+            user_opts = self.options
+            verdict = verify_model(str(model_path), options=user_opts, inputs_file=str(inputs_path),
+                                   tolerances=self.tolerances)
+            self.result.builds += 2
+            repro.confirmed = not verdict.passed
+            parts = [f"{b.config}: {b.compare.summary() if b.compare is not None else b.error}"
+                     for b in (verdict.fused, verdict.unfused)]
+            repro.detail = "verify on the reproducer: " + verdict.status + " (" + "; ".join(parts) + ")"
+        return repro
+
+
+# ----------------------------------------------------------------------------- API
+
+
+def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
+                 options: "CompileOptions | None" = None,
+                 inputs: Mapping[str, np.ndarray] | str | Path | None = None, seed: int | None = None,
+                 tolerances: Tolerances = None, out_dir: str | Path = "fuseguard-bisect", *,
+                 name: str | None = None, confirm: bool = True, strategy: str = "capture",
+                 default_dim: int | None = None) -> BisectResult:
+    """Localise output drift to one fused group (blame: fusion) or one lowered operator (import/lowering).
+
+    `source`: ONNX path/bytes/ModelProto, a `LoadedModel` or a `verify.core.SuiteSpec`. `inputs`: arrays
+    or an .npz path (missing inputs are drawn from `seed`). `strategy="onnx-order"` skips the kernel
+    capture for import/lowering blame and bisects ONNX node order instead. The reproducer is written
+    to `out_dir`; `confirm` re-verifies it (two more builds).
+    """
+    from compiler.importer import fold_shape_computations, import_model
+    from compiler.onnx_loader import LoadedModel, load
+    from compiler.pipeline import CompileOptions
+
+    from ..core import SuiteSpec
+    from ..inputs import load_npz, make_inputs
+
+    if strategy not in ("capture", "onnx-order"):
+        raise UsageError(f"unknown bisect strategy {strategy!r}; use 'capture' or 'onnx-order'")
+    options = options or CompileOptions()
+    if not options.fusion:
+        raise UsageError("bisect compares the fused build with the unfused one: fusion must be on")
+    from compiler.plugins import load_env_plugins
+
+    load_env_plugins()
+    if isinstance(source, SuiteSpec):
+        name = name or source.label
+        seed = source.seed if seed is None else seed
+        source = source.build()
+    seed = 0 if seed is None else seed
+    loaded = source if isinstance(source, LoadedModel) else load(source, shapes, name=name, default_dim=default_dim)
+    try:
+        imported = import_model(loaded)
+    except FuseguardError as err:
+        if isinstance(err, UsageError):
+            raise
+        return BisectResult(model=loaded.name, target=options.gpu_arch or "cpu", status="untestable", error=str(err))
+    if imported.prepared:  # provenance tags index the shape-folded graph: bisect that one
+        loaded = dataclasses.replace(loaded, model=fold_shape_computations(loaded.model))
+    user = load_npz(inputs) if isinstance(inputs, (str, Path)) else (dict(inputs) if inputs is not None else None)
+    feed = make_inputs(loaded.model, loaded.input_shapes, seed=seed, user=user)
+    bisector = _Bisector(loaded, options, feed, tolerances, Path(out_dir), confirm, strategy)
+    return bisector.run()
+
+
