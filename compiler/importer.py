@@ -379,10 +379,10 @@ def read_static_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     from onnx import numpy_helper
 
-    from .onnx_loader import _weightless_copy
+    from .onnx_shapes import weightless_copy
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(_weightless_copy(model), strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model), strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - no inference, nothing to read
         return model
     g = inferred.graph
