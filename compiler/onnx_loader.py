@@ -42,6 +42,13 @@ class LoadedModel:
     guessed: dict[str, tuple[int, ...]] = field(default_factory=dict)  # inputs whose dynamic dims we chose
     #: dims left symbolic (`dim_param`) in `model` for a dynamic build; `input_shapes` holds one size of them
     dynamic: tuple = ()
+    #: this model's Relax imports, made once and shared by every build from this object (fused and unfused):
+    #: {(how, dynamic dims): compiler.importer.ImportResult}; see `compiler.pipeline.compile_model`
+    imports: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        """Pickled without its imports (Relax modules): a worker that receives it imports for itself."""
+        return {**self.__dict__, "imports": {}}
 
     @property
     def num_nodes(self) -> int:

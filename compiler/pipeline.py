@@ -706,6 +706,18 @@ def compile_relax(mod: tvm.IRModule, options: CompileOptions = CompileOptions(),
                          compile_s=compile_s, lowered=lowered)
 
 
+def _import_once(loaded: LoadedModel, dynamic: Sequence[DynamicDim],
+                 how: Callable[[LoadedModel, Sequence[DynamicDim]], ImportResult]) -> ImportResult:
+    """Import `loaded` once for every build made from it (verify builds fused and unfused from one
+    LoadedModel: the second build reuses the first one's import). Each build gets its own copy of the
+    module, since later steps update functions in place; the functions themselves are immutable."""
+    key = (how.__name__, tuple(dynamic))
+    if key not in loaded.imports:
+        loaded.imports[key] = how(loaded, dynamic)
+    shared = loaded.imports[key]
+    return replace(shared, mod=shared.mod.clone())
+
+
 def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedModel | tvm.IRModule,
                   shapes: Mapping[str, Sequence[int]] | None = None,
                   options: CompileOptions = CompileOptions(), *, name: str | None = None) -> CompiledModel:
@@ -716,7 +728,7 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
                                                                  dynamic=options.dynamic)
     start = time.perf_counter()
     progress.stage("import")
-    imported: ImportResult = import_model(loaded, options.dynamic)
+    imported: ImportResult = _import_once(loaded, options.dynamic, import_model)
     import_s = time.perf_counter() - start
 
     def build_from(result: ImportResult) -> CompiledModel:
@@ -734,7 +746,7 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
             raise
         start = time.perf_counter()
         try:
-            imported = import_folded(loaded, options.dynamic)
+            imported = _import_once(loaded, options.dynamic, import_folded)
         except FuseguardError:
             raise err from None
         import_s += time.perf_counter() - start

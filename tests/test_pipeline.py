@@ -254,3 +254,17 @@ def test_conv1d_runs_as_conv2d_and_matches(case: dict) -> None:
         np.testing.assert_allclose(built.run(x)[0], list(ref.values())[0], rtol=1e-4, atol=1e-5)
         assert not any("conv1d" in k for k in built.report.schedules), built.report.schedules
         assert any("conv2d" in k for k in built.report.schedules), built.report.schedules
+
+
+def test_verify_imports_the_model_once_for_both_builds(monkeypatch) -> None:
+    """Fused and unfused start from one Relax import (each gets its own copy of the module)."""
+    import compiler.importer as importer
+    from verify.core import SuiteSpec, verify_model
+
+    monkeypatch.setenv("FUSEGUARD_NO_CACHE", "1")
+    calls = []
+    raw = importer._raw_import
+    monkeypatch.setattr(importer, "_raw_import", lambda *a, **k: calls.append(1) or raw(*a, **k))
+    verdict = verify_model(SuiteSpec("conv_bn_relu"))
+    assert verdict.passed and verdict.fused.kernels < verdict.unfused.kernels
+    assert len(calls) == 1
