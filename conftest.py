@@ -1,3 +1,3 @@
 """Root conftest: fuseguard's pytest plugin (options --gpu-arch, --no-fusion, --disable-pattern, ...)."""
 
-pytest_plugins = ["verify.pytest_plugin"]
+pytest_plugins = ["fuseguard.verify.pytest_plugin"]

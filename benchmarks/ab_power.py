@@ -30,13 +30,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.onnx_loader import load  # noqa: E402
-from compiler.pipeline import CompileOptions, compile_model  # noqa: E402
-from compiler.target import host_cores  # noqa: E402
-from verify.ab import decide  # noqa: E402
-from verify.gate import GatePolicy, Verdict  # noqa: E402
-from verify.timing import timing_env  # noqa: E402
-from verify.worker import Worker  # noqa: E402
+from fuseguard.compiler.onnx_loader import load  # noqa: E402
+from fuseguard.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
+from fuseguard.compiler.target import host_cores  # noqa: E402
+from fuseguard.verify.ab import decide  # noqa: E402
+from fuseguard.verify.gate import GatePolicy, Verdict  # noqa: E402
+from fuseguard.verify.timing import timing_env  # noqa: E402
+from fuseguard.verify.worker import Worker  # noqa: E402
 
 ROWS, WIDTH = 64, 512
 
@@ -75,7 +75,7 @@ def trial(directory: Path, threads: int, processes: int, repeats: int, policy: G
     def one() -> dict[str, list[float]]:
         count[0] += 1
         with Worker(env=env, forward_output=False) as w:
-            return w.call("verify.ab:time_arms", what="timing", timeout=600, directory=str(directory),
+            return w.call("fuseguard.verify.ab:time_arms", what="timing", timeout=600, directory=str(directory),
                           threads=threads, repeats=repeats, flip=count[0] % 2 == 0)
 
     runs = [one() for _ in range(processes)]

@@ -60,7 +60,7 @@ def scale() -> float:
 def build_fused(seq: int, path: Path) -> None:
     import tvm
 
-    from compiler.kernels import attention_primfunc, host_target
+    from fuseguard.compiler.kernels import attention_primfunc, host_target
 
     target = host_target()
     func = attention_primfunc(BATCH, HEADS, seq, seq, HEAD_DIM, mask_shape=(BATCH, 1, 1, seq), scale=scale(),
@@ -72,7 +72,7 @@ def build_unfused(seq: int, path: Path) -> None:
     import tvm
     from tvm import relax
 
-    from compiler.kernels import host_target
+    from fuseguard.compiler.kernels import host_target
 
     shape = (BATCH, HEADS, seq, HEAD_DIM)
     bb = relax.BlockBuilder()

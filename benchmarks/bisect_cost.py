@@ -23,9 +23,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tvm import relax  # noqa: E402
 
-from compiler.pipeline import CompileOptions  # noqa: E402
-from suites.models import get_model  # noqa: E402
-from verify.bisect import bisect_model  # noqa: E402
+from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
+from fuseguard.suites.models import get_model  # noqa: E402
+from fuseguard.verify.bisect import bisect_model  # noqa: E402
 
 
 def _cases(schedule: bool) -> dict[str, tuple[dict, str, object]]:

@@ -39,9 +39,9 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify.baselines import Entry, Metadata, load_baselines, make_key, record  # noqa: E402
-from verify.gate import Gate, GatePolicy, GateResult, Measurement, Verdict  # noqa: E402
-from verify.timing import measure_interleaved  # noqa: E402
+from fuseguard.verify.baselines import Entry, Metadata, load_baselines, make_key, record  # noqa: E402
+from fuseguard.verify.gate import Gate, GatePolicy, GateResult, Measurement, Verdict  # noqa: E402
+from fuseguard.verify.timing import measure_interleaved  # noqa: E402
 
 LEVELS = (0.05, 0.10, 0.20, 0.50)
 K = 20  # session runs per call of the original: 21, 22, 24, 30 give exactly +5/10/20/50% work
@@ -67,7 +67,7 @@ def mlp_model(seed: int = 0) -> onnx.ModelProto:
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    from verify.timing import ort_timing_options
+    from fuseguard.verify.timing import ort_timing_options
 
     return ort.InferenceSession(model.SerializeToString(), ort_timing_options(THREADS),
                                 providers=["CPUExecutionProvider"])
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                              "same MLP, gated against ORT as the reference as `pytest` does")
     args = parser.parse_args(argv)
     if args.runtime == "tvm":  # before TVM's runtime starts its thread pool
-        from verify.timing import timing_env
+        from fuseguard.verify.timing import timing_env
 
         os.environ.update(timing_env(THREADS))
     with neighbours(args.neighbours, args.seed):
@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
 
     reference = workload(ref_sess, K)
     if args.runtime == "tvm":
-        from compiler.pipeline import compile_model
+        from fuseguard.compiler.pipeline import compile_model
 
         once = compile_model(model).time_fn(feed)
 

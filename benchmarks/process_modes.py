@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-CHILD = ("import json, sys; from verify.bench import time_prepared; "
+CHILD = ("import json, sys; from fuseguard.verify.bench import time_prepared; "
          "print(json.dumps(time_prepared(sys.argv[1], threads=int(sys.argv[2]), repeats=9, "
          "contenders=('tvm_fused', 'tvm_unfused', 'ort'))))")
 
@@ -34,10 +34,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("models", nargs="+")
     p.add_argument("--processes", type=int, default=20)
     args = p.parse_args(argv)
-    from compiler.target import host_cores
-    from verify.bench import prepare_bench
-    from verify.core import resolve_model_arg
-    from verify.timing import timing_env
+    from fuseguard.compiler.target import host_cores
+    from fuseguard.verify.bench import prepare_bench
+    from fuseguard.verify.core import resolve_model_arg
+    from fuseguard.verify.timing import timing_env
 
     threads = host_cores()
     env = {**os.environ, **timing_env(threads), "PYTHONPATH": str(ROOT)}

@@ -22,17 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scipy import stats  # noqa: E402
 
-from compiler.target import host_cores  # noqa: E402
-from verify.timing import timing_env  # noqa: E402
+from fuseguard.compiler.target import host_cores  # noqa: E402
+from fuseguard.verify.timing import timing_env  # noqa: E402
 
 # As `fuseguard profile` runs: all cores, TVM's pool spinning. Left to TVM's default, this 2-vCPU Zen3 VM got
 # ONE thread (TVM counts it as one physical core), so every figure here was single-threaded while `bench`
 # used two. Set before the first kernel runs: the pool reads it when it starts.
 os.environ.update(timing_env(host_cores(), against_ort=False))
 
-from compiler.pipeline import CompileOptions  # noqa: E402
-from verify.core import resolve_model_arg  # noqa: E402
-from verify.profile import profile_model  # noqa: E402
+from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
+from fuseguard.verify.core import resolve_model_arg  # noqa: E402
+from fuseguard.verify.profile import profile_model  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -39,9 +39,9 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import tvm  # noqa: E402
 
-from compiler.hostcpu import detect_host, host_target  # noqa: E402
-from compiler.schedule import workloads  # noqa: E402
-from compiler.schedule.cpu import CpuScheduleOptions, schedule_cpu_module_with_report  # noqa: E402
+from fuseguard.compiler.hostcpu import detect_host, host_target  # noqa: E402
+from fuseguard.compiler.schedule import workloads  # noqa: E402
+from fuseguard.compiler.schedule.cpu import CpuScheduleOptions, schedule_cpu_module_with_report  # noqa: E402
 
 
 def _workloads() -> dict[str, Callable[[], onnx.ModelProto]]:

@@ -18,7 +18,7 @@ def _err(build: dict) -> str:
 
 
 def table(doc: dict) -> str:
-    from suites.zoo import zoo_entry
+    from fuseguard.suites.zoo import zoo_entry
 
     lines = ["| model | source | nodes | fused groups (pattern) | patterns fused | max err fused / unfused vs ORT "
              "| imported | verdict |", "|---|---|---|---|---|---|---|---|"]

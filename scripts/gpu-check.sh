@@ -13,4 +13,7 @@ summary=${3:-${OUT:-.}/devicecheck.json}
 site=$(mktemp -d /tmp/fuseguard-site.XXXXXX)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/runtime/apache_tvm_ffi-*.whl
 cd "$(dirname "$0")/.."
-PYTHONUNBUFFERED=1 PYTHONPATH="$site:$PWD" python3 -m verify.devicecheck "$bundle" --mode "$mode" --json "$summary"
+# fuseguard is not installed there: its folders under the one import name they install as (fuseguard.*)
+mkdir -p "$site/fuseguard"
+for pkg in compiler verify suites; do ln -sfn "$PWD/$pkg" "$site/fuseguard/$pkg"; done
+PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 -m fuseguard.verify.devicecheck "$bundle" --mode "$mode" --json "$summary"

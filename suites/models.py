@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from suites import light
+from fuseguard.suites import light
 
 Dims = dict[str, int]
 Shape = tuple[int, ...]
@@ -618,7 +618,7 @@ def _registry() -> tuple[SuiteModel, ...]:
 
 
 def _zoo_entry(entry, peaked: bool = False) -> SuiteModel:
-    from suites import zoo
+    from fuseguard.suites import zoo
 
     shapes = {name: shape for name, (shape, _) in entry.inputs.items()}
     return SuiteModel(
@@ -641,7 +641,7 @@ DYNAMIC_ZOO_RANGES = {"batch": (1, 4), "seq": (1, 128)}
 @functools.lru_cache(maxsize=1)
 def dynamic_zoo_models() -> tuple[SuiteModel, ...]:
     """The zoo's exports with symbolic dims (`*_dyn.onnx`), for `--dynamic` builds only."""
-    from suites import zoo
+    from fuseguard.suites import zoo
 
     out = []
     for e in zoo.zoo_entries():
@@ -655,7 +655,7 @@ def dynamic_zoo_models() -> tuple[SuiteModel, ...]:
 @functools.lru_cache(maxsize=1)
 def zoo_models() -> tuple[SuiteModel, ...]:
     """The real-export zoo (suites/zoo): torch.onnx.export output committed without weights."""
-    from suites import zoo
+    from fuseguard.suites import zoo
 
     # Each TorchScript transformer also as a peaked variant: large attention logits, where the online
     # softmax of a fused attention kernel differs most from the reference's.

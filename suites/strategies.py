@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
-from suites.models import Dims, SuiteModel
+from fuseguard.suites.models import Dims, SuiteModel
 
 MAX_SEED = 2**32 - 1
 
@@ -89,7 +89,7 @@ def model_cases(models: Sequence[SuiteModel]) -> st.SearchStrategy[tuple[SuiteMo
 def dag_recipes(family: str | None = None, max_steps: int = 8) -> st.SearchStrategy:
     """Random DAG recipes (suites/dags.py) over the pattern ops: each step reads earlier values, and
     operands lean to recent values and to value 0 so that fan-out and residual reconvergence are common."""
-    from suites.dags import FAMILIES, Recipe
+    from fuseguard.suites.dags import FAMILIES, Recipe
 
     if max_steps < 1:
         raise ValueError(f"need max_steps >= 1, got {max_steps}")

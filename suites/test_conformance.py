@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from verify.conformance import case_names, run_in_worker
+from fuseguard.verify.conformance import case_names, run_in_worker
 
 #: Wrong where ONNX Runtime is right, with the reason (measured with `fuseguard conformance`).
 KNOWN_WRONG = {

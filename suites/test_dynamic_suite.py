@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from verify.core import SuiteSpec
-from verify.pytest_plugin import skip_without_cuda_run
+from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.pytest_plugin import skip_without_cuda_run
 
 #: model -> its dims to keep symbolic. Draws per model: the issue's bar (>= 50 sizes in CI).
 DYNAMIC = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from suites.latency_set import LATENCY_SET, latency_spec
+from fuseguard.suites.latency_set import LATENCY_SET, latency_spec
 
 
 #: ResNet-50's A/B (90 s on a 2-core Zen4, ~150 s on CI's runner: two 25-layer builds and four fresh timing
@@ -35,7 +35,7 @@ PAYS_FULL_RUN_ONLY = ("alexnet", "llama_tiny")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.models_full] if n in PAYS_FULL_RUN_ONLY else [])
                                   for n in PAYS_SET])
 def test_fusion_pays(name: str, fusion_pays) -> None:
-    from verify.core import resolve_model_arg
+    from fuseguard.verify.core import resolve_model_arg
 
     spec = latency_spec(name) if name in LATENCY_SET else resolve_model_arg(name)
     result = fusion_pays(spec)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from compiler import sass
-from compiler.pipeline import CompileOptions, compile_model
-from suites.light import LIGHT_ARCHITECTURES
-from suites.models import SuiteModel, suite_models, zoo_models
+from fuseguard.compiler import sass
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
+from fuseguard.suites.light import LIGHT_ARCHITECTURES
+from fuseguard.suites.models import SuiteModel, suite_models, zoo_models
 
 ARCHS = ("sm_80", "sm_90")
 #: Real models in the default run, each on one architecture (both with --sass-full, with every other real

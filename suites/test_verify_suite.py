@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from suites.models import SuiteModel, suite_models
-from suites.strategies import dims_for
-from verify.core import SuiteSpec
-from verify.pytest_plugin import model_marks, skip_without_cuda_run
+from fuseguard.suites.models import SuiteModel, suite_models
+from fuseguard.suites.strategies import dims_for
+from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 #: Examples per model beyond the default shape: unscheduled TVM code is slow, so the heavy models
 #: verify their default shape only, and the small ones a few drawn shapes each.
@@ -46,7 +46,7 @@ def test_default_shape(model: SuiteModel, verify_model) -> None:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_drawn_shapes(name: str, verify_model, request: pytest.FixtureRequest) -> None:
     """Shapes drawn over the model's free dims (batch, sequence, spatial size) all verify."""
-    from suites.models import get_model
+    from fuseguard.suites.models import get_model
 
     model = get_model(name)
     examples = request.config.getoption("--fuseguard-examples") or EXAMPLES[name]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from suites.models import zoo_models
-from verify.core import SuiteSpec
-from verify.pytest_plugin import model_marks, skip_without_cuda_run
+from fuseguard.suites.models import zoo_models
+from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 
 def _params() -> list:

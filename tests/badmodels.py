@@ -279,7 +279,7 @@ def build_corpus(root: Path) -> list[tuple[BadCase, Path]]:
 
 def cli_argv(case: BadCase, folder: Path) -> list[str]:
     args = [a.replace("{dir}", str(folder)) for a in case.args]
-    return [sys.executable, "-m", "verify.cli", "verify", str(folder / case.model), "--no-schedule", *args]
+    return [sys.executable, "-m", "fuseguard.verify.cli", "verify", str(folder / case.model), "--no-schedule", *args]
 
 
 def run_cli(case: BadCase, folder: Path, timeout: float = 300.0) -> CliResult:

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from verify import ab
-from verify.core import SuiteSpec
-from verify.gate import GatePolicy, Verdict
-from verify.timing import timing_env
+from fuseguard.verify import ab
+from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.gate import GatePolicy, Verdict
+from fuseguard.verify.timing import timing_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SWITCH = "    matmul: bool = True"
@@ -56,7 +56,7 @@ def test_materialize_is_cached_per_commit(two_commits, tmp_path: Path) -> None:
 def test_ab_flags_the_slowed_model_and_not_the_other(two_commits, tmp_path: Path) -> None:
     repo, a, b = two_commits
     tree_a, tree_b = (ab.materialize(c, repo, cache=tmp_path / "cache") for c in (a, b))
-    options = __import__("compiler.pipeline", fromlist=["CompileOptions"]).CompileOptions().to_dict()
+    options = __import__("fuseguard.compiler.pipeline", fromlist=["CompileOptions"]).CompileOptions().to_dict()
     common = dict(options=options, threads=2, processes=2, repeats=5, env=timing_env(2), base_commit=a,
                   policy=GatePolicy(factor=1.5), max_processes=4, timeout=600)
     slowed = ab.ab_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 64))), tree_a, tree_b,
@@ -108,7 +108,7 @@ def test_per_process_modes_cancel() -> None:
 def test_compile_time_and_planned_memory_are_gated() -> None:
     """Resource gates at Inductor's 1.15x: planned memory exactly; compile time above a noise floor and only
     when every one of five interleaved pairs is over the factor (one-sided signed-rank test)."""
-    from verify.gate import GateResult
+    from fuseguard.verify.gate import GateResult
 
     def result(pairs, planned) -> ab.ABResult:
         gate = GateResult(name="m", verdict=Verdict.SAME, ratio=1.0, ci=(0.98, 1.02), p_value=0.5, n_candidate=10,
@@ -146,7 +146,7 @@ def test_compile_confirmation_stops_once_it_cannot_fail() -> None:
 
 def test_an_option_the_base_tree_lacks_is_refused_unless_at_its_default(tmp_path: Path) -> None:
     """`--precision bf16` against a base that predates it must not time an fp32 base against a bf16 candidate."""
-    from compiler.errors import UsageError
+    from fuseguard.compiler.errors import UsageError
 
     args = dict(tree=str(ab.PROJECT_ROOT), model_path=str(tmp_path / "missing.onnx"),
                 inputs_path=str(tmp_path / "missing.npz"), out_dir=str(tmp_path), label="base")

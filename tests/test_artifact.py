@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from verify.cli import main
+from fuseguard.verify.cli import main
 
 
 @pytest.fixture(scope="module")

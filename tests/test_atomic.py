@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from compiler.errors import BaselineError
-from verify.atomic import atomic_write_json, atomic_write_text, locked, update_json
+from fuseguard.compiler.errors import BaselineError
+from fuseguard.verify.atomic import atomic_write_json, atomic_write_text, locked, update_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_nan_is_refused_rather_than_written_as_invalid_json(tmp_path: Path) -> N
 _WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
-    from verify.atomic import atomic_write_text
+    from fuseguard.verify.atomic import atomic_write_text
     from test_atomic import version_text
     i = 1
     while True:

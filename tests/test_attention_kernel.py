@@ -13,7 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from compiler.kernels import (
+from fuseguard.compiler.kernels import (
     allocated_buffers,
     attention_call,
     attention_primfunc,
@@ -23,7 +23,7 @@ from compiler.kernels import (
     cuda_max_shared_bytes,
     host_target,
 )
-from compiler.target import cuda_device_present
+from fuseguard.compiler.target import cuda_device_present
 
 CPU = host_target()
 SM80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})

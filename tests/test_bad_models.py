@@ -30,7 +30,7 @@ DEBUG_CASE = "truncated"
 def _batch(corpus: dict[str, tuple[BadCase, Path]], root: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
     report = root / "batch.json"
     paths = [str(folder / case.model) for case, folder in (corpus[n] for n in BATCHED)]
-    argv = [sys.executable, "-m", "verify.cli", "verify", *paths, "--no-schedule", "--json", str(report)]
+    argv = [sys.executable, "-m", "fuseguard.verify.cli", "verify", *paths, "--no-schedule", "--json", str(report)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COLUMNS": "200"})
     results = json.loads(report.read_text())["models"] if report.exists() else []
@@ -39,7 +39,7 @@ def _batch(corpus: dict[str, tuple[BadCase, Path]], root: Path) -> tuple[subproc
 
 def _debug(corpus: dict[str, tuple[BadCase, Path]]) -> subprocess.CompletedProcess[str]:
     case, folder = corpus[DEBUG_CASE]
-    argv = [sys.executable, "-m", "verify.cli", "verify", str(folder / case.model), "--no-schedule", "--debug"]
+    argv = [sys.executable, "-m", "fuseguard.verify.cli", "verify", str(folder / case.model), "--no-schedule", "--debug"]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compiler.errors import BaselineError, UsageError
-from verify.baselines import (
+from fuseguard.compiler.errors import BaselineError, UsageError
+from fuseguard.verify.baselines import (
     MAX_SAMPLES,
     SCHEMA_VERSION,
     Entry,
@@ -33,7 +33,7 @@ from verify.baselines import (
     to_pytest_benchmark,
     validate_document,
 )
-from verify.timing import Samples
+from fuseguard.verify.timing import Samples
 
 KEY = "resnet50|data=1x3x224x224|fused"
 META = Metadata(device="NVIDIA A100-SXM4-80GB", driver="550.54.15", cuda="12.4", tvm_version="0.27.0.post1",
@@ -324,7 +324,8 @@ def test_pytest_benchmark_round_trip_keeps_everything(benchmark_json: Path, tmp_
 
 
 def test_pytest_benchmark_itself_reads_the_exported_file(tmp_path: Path) -> None:
-    exe = shutil.which("pytest-benchmark")
+    beside = Path(sys.executable).parent / "pytest-benchmark"     # this interpreter's, not another on PATH
+    exe = str(beside) if beside.exists() else shutil.which("pytest-benchmark")
     if exe is None:
         pytest.skip("pytest-benchmark's CLI is not on PATH")
     out = tmp_path / "0001_exported.json"

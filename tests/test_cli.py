@@ -14,7 +14,7 @@ PLUGIN = Path(__file__).resolve().parent / "plugins" / "wrong_relu.py"
 
 
 def fuseguard(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "verify.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -36,6 +36,35 @@ def test_wrong_fusion_exits_1_and_names_the_fused_side() -> None:
     assert "mismatch: conv_bn_relu" in proc.stderr and "fused" in proc.stderr
     assert "unfused vs ONNX Runtime" not in proc.stderr      # the unfused build stays right
     assert "Traceback" not in proc.stderr
+
+
+def test_a_plugin_written_against_the_old_import_names_still_works_and_is_warned(tmp_path: Path) -> None:
+    """`from compiler.pipeline import register_pass` (the README's old spelling) reaches the one real
+    registry through the alias, so the wrong fusion it registers is caught; a FutureWarning says what to
+    write instead."""
+    old = tmp_path / "old_names.py"
+    old.write_text(PLUGIN.read_text().replace("from fuseguard.compiler.pipeline import", "from compiler.pipeline import"))
+    assert "from compiler.pipeline import register_pass" in old.read_text()
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "conv_bn_relu", "--plugin", str(old)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "mismatch: conv_bn_relu" in proc.stderr
+    assert "`compiler` is fuseguard's old import name: import `fuseguard.compiler` instead" in proc.stderr
+
+
+def test_old_names_alias_the_installed_modules_and_never_shadow_another_tree(tmp_path: Path) -> None:
+    """In a checkout the old name is the same module object (one registry); a different tree's
+    `compiler` folder first on sys.path (a base revision in the A/B gate) loads as itself."""
+    other = tmp_path / "base" / "compiler"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("WHERE = 'base tree'\n")
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); import fuseguard.compiler as fc; "
+            "import compiler; print(compiler is fc, getattr(compiler, 'WHERE', 'own'))")
+    same = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert same.stdout.split() == ["True", "own"], same.stderr
+    base = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(other.parent)!r}); " + code],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert base.stdout.split() == ["False", "base", "tree"], base.stderr
 
 
 def test_no_fusion_makes_the_wrong_fusion_disappear() -> None:
@@ -76,9 +105,9 @@ def test_patterns_lists_the_table() -> None:
 def test_env_lists_every_setting_with_the_value_this_process_sees() -> None:
     import os
 
-    from compiler.settings import SETTINGS
+    from fuseguard.compiler.settings import SETTINGS
 
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "env"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "env"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "FUSEGUARD_CPU_SCHEDULE_OFF": "fast_math",
                                             "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
@@ -112,7 +141,7 @@ def test_hang_times_out_and_the_run_goes_on() -> None:
     import os
 
     env = {**os.environ, "FUSEGUARD_TEST_HANG": "1"}
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "conv_bn_relu", "mlp_gelu", "--plugin",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "conv_bn_relu", "mlp_gelu", "--plugin",
                            str(CRASH), "--timeout", "20"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -156,7 +185,7 @@ def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:
 
 
 def test_ratio_interval_from_processes_and_from_one_process() -> None:
-    from verify.bench import ratio_interval
+    from fuseguard.verify.bench import ratio_interval
 
     est, (lo, hi) = ratio_interval([1.0, 1.1, 0.9, 1.05])
     assert lo < est < hi and 0.9 < est < 1.1

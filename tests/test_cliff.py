@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compiler.dynamic import parse_dynamic
-from compiler.pipeline import CompileOptions
-from verify.cliff import bench_cliff, bucket_for
-from verify.core import SuiteSpec
+from fuseguard.compiler.dynamic import parse_dynamic
+from fuseguard.compiler.pipeline import CompileOptions
+from fuseguard.verify.cliff import bench_cliff, bucket_for
+from fuseguard.verify.core import SuiteSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_cliff_times_each_size_on_its_own_static_build_and_on_its_bucket() -> No
 
 def test_buckets_need_a_dynamic_dim() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "verify.cli", "bench", "softmax_layernorm", *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "bench", "softmax_layernorm", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
 
     alone = run("--buckets", "16,64")

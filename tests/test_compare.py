@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from rich.console import Console
 
-from compiler.errors import UsageError
-from verify.compare import (DEFAULT_TOLERANCES, EXACT, REL_EPSILON, CompareResult, OutputCompareResult,
+from fuseguard.compiler.errors import UsageError
+from fuseguard.verify.compare import (DEFAULT_TOLERANCES, EXACT, REL_EPSILON, CompareResult, OutputCompareResult,
                             Tolerance, compare_outputs, compare_with_fp64_tiebreak,
                             render_table, resolve_tolerance)
 

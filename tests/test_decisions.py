@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compiler import decisions
-from compiler.pipeline import CompileOptions, compile_model
-from suites.models import get_model
+from fuseguard.compiler import decisions
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
+from fuseguard.suites.models import get_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def test_stale_or_corrupt_databases_are_ignored(tmp_path: Path) -> None:
 
 def test_tune_writes_the_database(tmp_path: Path) -> None:
     db = tmp_path / "decisions.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "tune", "mlp_gelu", "--repeats", "3",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "tune", "mlp_gelu", "--repeats", "3",
                            "--decision-db", str(db)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(db.read_text())
@@ -71,8 +71,8 @@ def test_tune_splits_only_beyond_the_margin_and_the_hooks_resolution() -> None:
     """A group 1.8 us fused against 0.2 us of parts is under the profile hook's ~2 us resolution (vit_tiny's
     add + LayerNorm: tune split 3 of its 5 groups on that); 30 vs 20 us is a real loss; 104 vs 100 us is
     inside the 5% margin."""
-    from verify.profile import GroupProfile
-    from verify.tune import measured_verdicts
+    from fuseguard.verify.profile import GroupProfile
+    from fuseguard.verify.tune import measured_verdicts
 
     def group(key: str, fused: float, parts: float) -> GroupProfile:
         return GroupProfile(kernel="k", pattern="layernorm", nodes=["n"], fused_us=fused, parts_us=parts, parts=2,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verify.device_bundle import BundleItem, make_bundle
+from fuseguard.verify.device_bundle import BundleItem, make_bundle
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def cpu_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(bundle: Path, *args: str) -> subprocess.CompletedProcess:
     # `-c` with a guard: the runner must never import TVM's Python package
     code = ("import sys, runpy; sys.argv = ['devicecheck', *sys.argv[1:]]\n"
-            "try:\n    runpy.run_module('verify.devicecheck', run_name='__main__')\n"
+            "try:\n    runpy.run_module('fuseguard.verify.devicecheck', run_name='__main__')\n"
             "finally:\n    assert 'tvm' not in sys.modules, 'the device check imported tvm'\n")
     return subprocess.run([sys.executable, "-c", code, str(bundle), *args], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, timeout=600)

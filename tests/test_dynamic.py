@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.dynamic import DynamicDim, parse_dynamic, relabel
-from compiler.errors import ShapeError, UsageError
-from compiler.pipeline import CompileOptions, compile_model
-from suites.models import get_model
-from verify.core import SuiteSpec
-from verify.dynamic import edge_sizes, verify_dynamic
+from fuseguard.compiler.dynamic import DynamicDim, parse_dynamic, relabel
+from fuseguard.compiler.errors import ShapeError, UsageError
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
+from fuseguard.suites.models import get_model
+from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.dynamic import edge_sizes, verify_dynamic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_a_name_the_model_lacks_is_one_line_naming_its_dims() -> None:
 
 def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fused build that goes wrong from seq 23 on (a remainder path, say) fails at exactly 23."""
-    import verify.dynamic as vd
+    import fuseguard.verify.dynamic as vd
 
     real = vd._build_and_run
 
@@ -93,7 +93,7 @@ def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pyte
 
 def test_cli_verify_dynamic_json_counts_builds_and_sizes(tmp_path: Path) -> None:
     out = tmp_path / "dyn.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "softmax_layernorm", "--dynamic", "seq<=64",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "softmax_layernorm", "--dynamic", "seq<=64",
                            "--draws", "12", "--no-cache", "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -105,7 +105,7 @@ def test_cli_verify_dynamic_json_counts_builds_and_sizes(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("value", ["seq<=0", "se q"])
 def test_cli_refuses_a_bad_dynamic_at_parse_time(value: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "softmax_layernorm", "--dynamic", value],
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "softmax_layernorm", "--dynamic", value],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("fuseguard: error: argument --dynamic: ")
@@ -113,7 +113,7 @@ def test_cli_refuses_a_bad_dynamic_at_parse_time(value: str) -> None:
 
 def test_a_symbolic_cuda_build_compiles_to_sass_without_spills() -> None:
     """CUDA builds with a symbolic sequence: dlight schedules symbolic extents; ptxas accepts every kernel."""
-    from compiler import sass
+    from fuseguard.compiler import sass
 
     if sass.find_toolkit() is None:
         pytest.skip("no CUDA toolkit (nvcc): pip install -e '.[cuda-tools]'")
@@ -129,7 +129,7 @@ def test_static_dims_read_off_a_shape_become_constants() -> None:
     """`Gather(Shape(x), 2)` of a static dim folds even though dim 1 is symbolic (LLaMA's rotate_half)."""
     import onnx
     from onnx import TensorProto, helper
-    from compiler.importer import read_static_dims
+    from fuseguard.compiler.importer import read_static_dims
 
     g = helper.make_graph(
         [helper.make_node("Shape", ["x"], ["s"]),
@@ -193,7 +193,7 @@ def test_an_error_hint_does_not_blame_a_guess_of_a_symbolic_dim() -> None:
     symbolic by --dynamic is not pinned at all, so the hint must not name it."""
     from onnx import TensorProto, helper
 
-    from compiler.onnx_loader import load
+    from fuseguard.compiler.onnx_loader import load
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],

@@ -17,9 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from verify.compare import DEFAULT_TOLERANCES, compare_outputs
-from verify.core import BuildResult
-from verify.options import (PYTEST_PREFIX, add_build_options, add_compare_options, add_model_options, dest,
+from fuseguard.verify.compare import DEFAULT_TOLERANCES, compare_outputs
+from fuseguard.verify.core import BuildResult
+from fuseguard.verify.options import (PYTEST_PREFIX, add_build_options, add_compare_options, add_model_options, dest,
                             option_names, tolerances)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def test_every_failure_kind_in_one_run_gets_its_row(tmp_path: Path) -> None:
         onnx.save(_two_output_model(), path)
         paths.append(str(path))
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", *paths, "--plugin", str(FAULTS),
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", *paths, "--plugin", str(FAULTS),
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -100,7 +100,7 @@ def test_cli_and_pytest_share_every_build_option() -> None:
 def test_pytest_help_lists_the_shared_options() -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
-    cli = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "--help"], cwd=ROOT, capture_output=True,
+    cli = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     for name in sorted(option_names(add_build_options) - {"--debug"}):
         assert f"--{PYTEST_PREFIX}{name[2:]}" in proc.stdout, name
@@ -119,7 +119,7 @@ def test_values_are_checked_at_parse_time(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_explicit_seed_zero_overrides_a_suite_seed() -> None:
-    from verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.core import SuiteSpec, verify_model
 
     spec = SuiteSpec("softmax_layernorm", (("batch", 1), ("seq", 4)), seed=7)
     assert verify_model(spec).seed == 7
@@ -127,7 +127,7 @@ def test_explicit_seed_zero_overrides_a_suite_seed() -> None:
 
 
 def test_shape_valued_outputs_run(tmp_path: Path) -> None:
-    from compiler.pipeline import compile_model
+    from fuseguard.compiler.pipeline import compile_model
 
     graph = helper.make_graph([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Relu", ["x"], ["y"])],
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
@@ -140,8 +140,8 @@ def test_shape_valued_outputs_run(tmp_path: Path) -> None:
 
 
 def test_bisect_task_error_is_untestable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from verify import bisect, cli
-    from verify.worker import Worker, WorkerTaskError
+    from fuseguard.verify import bisect, cli
+    from fuseguard.verify.worker import Worker, WorkerTaskError
 
     def boom(self, *args, **kwargs):
         raise WorkerTaskError("RuntimeError", "boom", "Traceback ...", "bisecting conv_bn_relu")
@@ -155,7 +155,7 @@ def test_bisect_task_error_is_untestable(monkeypatch: pytest.MonkeyPatch, capsys
 def test_debug_shows_the_worker_traceback_of_a_failed_build(tmp_path: Path) -> None:
     path = tmp_path / "fault_build.onnx"
     onnx.save(_two_output_model(), path)
-    base = [sys.executable, "-m", "verify.cli", "verify", str(path), "--plugin", str(FAULTS)]
+    base = [sys.executable, "-m", "fuseguard.verify.cli", "verify", str(path), "--plugin", str(FAULTS)]
     quiet = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=600)
     loud = subprocess.run(base + ["--debug"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert quiet.returncode == loud.returncode == 1

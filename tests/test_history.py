@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler.errors import UsageError
-from verify.history import baseline_history, plot, render_table
+from fuseguard.compiler.errors import UsageError
+from fuseguard.verify.history import baseline_history, plot, render_table
 
 KEY = "resnet50|data=1x3x224x224|fused"
 

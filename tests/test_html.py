@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from verify.cli import main
+from fuseguard.verify.cli import main
 
 VOID = {"img", "meta", "br", "hr", "input", "link"}
 
@@ -66,7 +66,7 @@ def _bench_result(model: str, fused: float) -> dict:
 
 
 def test_bench_page_has_every_model_and_a_chart() -> None:
-    from verify.html import render_bench
+    from fuseguard.verify.html import render_bench
 
     page = render_bench([_bench_result("resnet50", 1.17), _bench_result("mlp_gelu", 0.8)], note="2 threads")
     assert page.count("<tr>") == 3 and "resnet50" in page and "1.17 (1.05-1.29)" in page
@@ -74,7 +74,7 @@ def test_bench_page_has_every_model_and_a_chart() -> None:
 
 
 def test_gate_page_marks_regressions() -> None:
-    from verify.html import render_gate
+    from fuseguard.verify.html import render_gate
 
     ok = {"model": "m1", "verdict": "same", "gate": {"ratio": 1.01, "ci": (0.98, 1.04), "p_value": 0.4, "factor": 1.1},
           "base_ms": 1.0, "candidate_ms": 1.01, "ort_ms": 1.2, "compile_s": {"base": 3.0, "candidate": 3.1},
@@ -108,7 +108,7 @@ def test_bisect_page_names_the_drifting_group_and_its_onnx_nodes(tmp_path: Path)
     # In its own process: a plugin stays registered in the process that loaded it (later builds in this
     # pytest worker would get the wrong ReLU).
     page, out = tmp_path / "bisect.html", tmp_path / "bisect.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "bisect", "conv_bn_relu", "--plugin", str(PLUGIN),
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "bisect", "conv_bn_relu", "--plugin", str(PLUGIN),
                            "--out", str(tmp_path / "repro"), "--json", str(out), "--html", str(page)],
                           cwd=PLUGIN.parents[2], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -126,7 +126,7 @@ def test_bisect_page_names_the_drifting_group_and_its_onnx_nodes(tmp_path: Path)
 def test_verify_profile_puts_each_group_beside_its_unfused_parts(tmp_path: Path) -> None:
     import json
 
-    from verify.html import render_profile
+    from fuseguard.verify.html import render_profile
 
     page, out = tmp_path / "verify.html", tmp_path / "verify.json"
     assert main(["verify", "conv_bn_relu", "--profile", "--json", str(out), "--html", str(page)]) == 0
@@ -150,7 +150,7 @@ def test_verify_profile_puts_each_group_beside_its_unfused_parts(tmp_path: Path)
 def test_a_shared_kernel_shows_each_call_sites_own_time() -> None:
     """One PrimFunc called from three places is three report groups: each row gets its own call's time
     (matched by ONNX nodes), not the kernel's total three times over."""
-    from verify.html import render_verify
+    from fuseguard.verify.html import render_verify
 
     sites = [(["mm_a", "add_a"], 100.0, 150.0), (["mm_b", "add_b"], 200.0, 210.0), (["mm_c", "add_c"], 400.0, 300.0)]
     groups = [{"function": "fused_matmul_add", "kernel": "fused_matmul_add", "pattern": "generic",
@@ -181,7 +181,7 @@ def test_pages_render_in_a_headless_browser(tmp_path: Path) -> None:
     import pytest
     from PIL import Image
 
-    from verify.html import render_bench
+    from fuseguard.verify.html import render_bench
 
     browser = _browser()
     if browser is None:

@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.errors import InputError, ModelError, ShapeError, UsageError
-from verify.inputs import load_npz, make_inputs, model_inputs
+from fuseguard.compiler.errors import InputError, ModelError, ShapeError, UsageError
+from fuseguard.verify.inputs import load_npz, make_inputs, model_inputs
 
 VOCAB, HIDDEN, POSITIONS = 50, 4, 12
 

@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import layout
-from compiler.hostcpu import detect_host
-from compiler.onnx_loader import load
-from compiler.pipeline import CompileOptions, compile_model
+from fuseguard.compiler import layout
+from fuseguard.compiler.hostcpu import detect_host
+from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 RTOL, ATOL = 1e-4, 1e-4
 
@@ -191,8 +191,8 @@ def test_rank3_constants_keep_the_layout(always_block: None) -> None:
 def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None:
     """The register tile the blocked kernels take: most useful FMAs per load (MLAS's 4 blocks x 3 columns on
     AVX2), a column tail where no divisor fits (13-wide planes), never a channel-block tail (125 blocks: 5)."""
-    from compiler.hostcpu import HostCPU
-    from compiler.schedule.cpu_conv_blocked import BlockedConvInfo, blocked_tiles
+    from fuseguard.compiler.hostcpu import HostCPU
+    from fuseguard.compiler.schedule.cpu_conv_blocked import BlockedConvInfo, blocked_tiles
 
     avx2 = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx2", "fma"}))
     avx512 = HostCPU(mcpu="znver4", cores=2, features=frozenset({"avx512f", "avx2", "fma"}))
@@ -224,8 +224,8 @@ def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None
 def test_blocked_conv_weights_stay_in_l1_and_a_big_input_is_read_once() -> None:
     """A tile's weights past half of L1 are split into input-channel blocks reused by every column tile of a few
     rows; an input past half of L2 is read once by a block of channel tiles (ResNet-50 0.95x of its time, SPR)."""
-    from compiler.hostcpu import HostCPU
-    from compiler.schedule.cpu_conv_blocked import BlockedConvInfo, channel_tile_block, reduction_blocking
+    from fuseguard.compiler.hostcpu import HostCPU
+    from fuseguard.compiler.schedule.cpu_conv_blocked import BlockedConvInfo, channel_tile_block, reduction_blocking
 
     spr = HostCPU(mcpu="sapphirerapids", cores=2, features=frozenset({"avx512f", "avx2", "fma"}),
                   l1d_bytes=48 << 10, l2_bytes=2 << 20)

@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.errors import ModelError, ShapeError, UnsupportedOperatorError
-from compiler.onnx_loader import (AUTO_OTHER, AUTO_SPATIAL, MAX_PROTOBUF_BYTES, load, load_model,
+from fuseguard.compiler.errors import ModelError, ShapeError, UnsupportedOperatorError
+from fuseguard.compiler.onnx_loader import (AUTO_OTHER, AUTO_SPATIAL, MAX_PROTOBUF_BYTES, load, load_model,
                                   parse_shape_spec, pin_shapes)
 
 
@@ -360,7 +360,7 @@ def test_every_unsupported_operator_is_listed_once() -> None:
 
 
 def test_frontend_failure_names_the_node() -> None:
-    from compiler.importer import FrontendError, import_model
+    from fuseguard.compiler.importer import FrontendError, import_model
 
     model = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq", axis=1, block_size=4)],
                    [_vi("q", ["n", 8], TensorProto.INT8)], [_vi("y", ["n", 8])],
@@ -373,9 +373,9 @@ def test_frontend_failure_names_the_node() -> None:
 
 def test_shape_folding_retry_rescues_computed_reshape_targets() -> None:
     """Shape -> Mul -> Reshape: the frontend wants a constant shape; ORT folds it once shapes are pinned."""
-    from compiler.importer import import_model
-    from compiler.pipeline import CompileOptions, compile_model
-    from verify.core import run_onnxruntime
+    from fuseguard.compiler.importer import import_model
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.verify.core import run_onnxruntime
 
     one = numpy_helper.from_array(np.array([1, 1, 1], np.int64), "one")
     nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),

@@ -9,10 +9,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import layout
-from compiler.onnx_loader import load
-from compiler.padding import padded_channels
-from compiler.pipeline import CompileOptions, compile_model
+from fuseguard.compiler import layout
+from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.padding import padded_channels
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 RTOL, ATOL = 1e-4, 1e-4
 C, WIDE, HW = 28, 168, 14      # 28 channels: whole blocks neither of 8 nor of 16 lanes (both pad to 32)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from compiler import pipeline
-from compiler.pipeline import CompileOptions, compile_model
-from suites.models import get_model
+from fuseguard.compiler import pipeline
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
+from fuseguard.suites.models import get_model
 
 
 def build(name: str, **opts):
@@ -14,7 +14,7 @@ def build(name: str, **opts):
 
 
 def test_attention_becomes_the_tiled_kernel_and_matches() -> None:
-    from verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.core import SuiteSpec, verify_model
 
     verdict = verify_model(SuiteSpec("bert_encoder", (("seq", 16),)))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
@@ -94,7 +94,7 @@ def test_unschedulable_fused_group_is_vetoed(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("seq", [512, 2048])
 def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> None:
-    from verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.core import SuiteSpec, verify_model
 
     verdict = verify_model(SuiteSpec("attention_masked", (("batch", 1), ("seq", seq))))
     assert verdict.status == "PASS", verdict.fused.compare.summary()

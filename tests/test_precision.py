@@ -14,13 +14,13 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from compiler.errors import UsageError
-from compiler.pipeline import CompileOptions
-from compiler.precision import dtype_census, to_precision
-from verify.core import SuiteSpec, run_onnxruntime, verify_model
+from fuseguard.compiler.errors import UsageError
+from fuseguard.compiler.pipeline import CompileOptions
+from fuseguard.compiler.precision import dtype_census, to_precision
+from fuseguard.verify.core import SuiteSpec, run_onnxruntime, verify_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantised import quantised as _quantised  # noqa: E402
-from verify.precision import Fp64Check, check_against_fp64, fp64_reference, loose_tolerances, to_float64
+from fuseguard.verify.precision import Fp64Check, check_against_fp64, fp64_reference, loose_tolerances, to_float64
 
 ROOT = Path(__file__).resolve().parent.parent
 LOWP_ACCUMULATE = ROOT / "tests" / "plugins" / "lowp_accumulate.py"
@@ -120,7 +120,7 @@ def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(
     result, but the fused build is several times further from fp64 than the unfused build."""
     verdict = verify_model(SuiteSpec("mlp_gelu"), options=CompileOptions(precision="fp16"))
     assert verdict      # no plugin yet: passes
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", "mlp_gelu", "--precision", "fp16",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", "mlp_gelu", "--precision", "fp16",
                            "--plugin", str(LOWP_ACCUMULATE), "--json", str(tmp_path / "v.json"), "--no-cache"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -135,8 +135,8 @@ def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(
 
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mlp_gelu"])
 def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, name: str) -> None:
-    from verify.compare import compare_outputs
-    from verify.precision import is_qdq, output_steps, qdq_tolerances
+    from fuseguard.verify.compare import compare_outputs
+    from fuseguard.verify.precision import is_qdq, output_steps, qdq_tolerances
 
     path = _quantised(tmp_path, name)
     model = onnx.load(path)
@@ -180,8 +180,8 @@ def test_ops_without_a_float64_kernel_run_in_fp32_islands(monkeypatch: pytest.Mo
 def test_reduced_operands_take_the_same_cpu_schedules_as_fp32(name: str, rule: str) -> None:
     """A GEMM or conv reading Cast(float32, bf16 load) is matched by the fp32 rules (it ran 35-46x ORT on
     TVM's naive loops before), and computes what the unscheduled bf16 build computes."""
-    from compiler.pipeline import compile_model
-    from suites.models import get_model
+    from fuseguard.compiler.pipeline import compile_model
+    from fuseguard.suites.models import get_model
 
     model = get_model(name)
     feed = {k: np.random.default_rng(0).standard_normal(v).astype(np.float32) for k, v in model.input_shapes().items()}

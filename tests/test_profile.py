@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verify.profile import SiteTime, group_parts, profile_model
+from fuseguard.verify.profile import SiteTime, group_parts, profile_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_an_unfused_kernel_spanning_two_groups_is_not_counted_twice() -> None:
 
 
 def test_profile_of_a_suite_model() -> None:
-    from verify.core import SuiteSpec
+    from fuseguard.verify.core import SuiteSpec
 
     result = profile_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 16))), repeats=5)
     assert result.fused and result.unfused and result.peak_gflops > 0
@@ -52,14 +52,14 @@ def test_profile_of_a_suite_model() -> None:
 
 def test_profile_cli_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "fuseguard profile: conv_bn_relu" in proc.stdout
     (entry,) = json.loads(out.read_text()).values()
     assert entry["groups"] and entry["fused_total_us"] > 0
     # fuseguard's own failure (here: the JSON path is a folder) is one line naming the command, exit 3.
-    bad = subprocess.run([sys.executable, "-m", "verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
+    bad = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "profile", "conv_bn_relu", "--repeats", "3",
                           "--json", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 3, bad.stderr
     assert "Traceback" not in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith("fuseguard: error: profile")
@@ -68,9 +68,9 @@ def test_profile_cli_writes_json(tmp_path: Path) -> None:
 def test_identical_kernel_calls_keep_their_own_nodes() -> None:
     """bert_tiny's two attention layers share one hand-written kernel: each call still names its own
     layer's ONNX nodes (both had claimed the last layer's, so a profile paired only one with its parts)."""
-    from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions, compile_model
-    from verify.core import resolve_model_arg
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.verify.core import resolve_model_arg
 
     spec = resolve_model_arg("bert_tiny")
     built = compile_model(load(spec.build(), None, name="bert_tiny"), options=CompileOptions())
@@ -99,8 +99,8 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
     """profile and tune time TVM alone: the pool spins as deployed (spinning off made every parallel kernel
     pay a wake-up and read bert_tiny's attention 2.7x slower than deployed); bench, which times ONNX Runtime
     in the same process, turns it off on both sides."""
-    import verify.cli as cli
-    import verify.worker as worker_mod
+    import fuseguard.verify.cli as cli
+    import fuseguard.verify.worker as worker_mod
 
     seen: dict[str, dict[str, str]] = {}
 
@@ -124,6 +124,6 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
         assert cli.main([command, "mlp_gelu"]) == 0
         assert "TVM_THREAD_POOL_SPIN_COUNT" not in seen[command], command
         assert seen[command]["TVM_NUM_THREADS"]
-    from verify.timing import timing_env
+    from fuseguard.verify.timing import timing_env
 
     assert timing_env(2)["TVM_THREAD_POOL_SPIN_COUNT"] == "0"

@@ -7,9 +7,9 @@ import time
 
 from rich.console import Console
 
-from compiler import progress as announce
-from verify.progress import Progress
-from verify.worker import Worker
+from fuseguard.compiler import progress as announce
+from fuseguard.verify.progress import Progress
+from fuseguard.verify.worker import Worker
 
 
 def _console() -> tuple[Console, io.StringIO]:
@@ -21,7 +21,7 @@ def test_worker_stages_reach_the_parent() -> None:
     console, buf = _console()
     with Progress(2, console, live=False) as p, Worker(env=p.env, forward_output=False) as worker:
         p.start(1, "m")
-        worker.call("compiler.progress:stage", what="announcing", text="compile fused: schedule")
+        worker.call("fuseguard.compiler.progress:stage", what="announcing", text="compile fused: schedule")
         assert p.last_stage() == "compile fused: schedule"
         p.done("m", "PASS")
     assert "[1/2] m: PASS" in buf.getvalue()

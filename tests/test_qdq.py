@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.onnx_loader import load
-from compiler.pipeline import CompileOptions, compile_model
+from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 import sys
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler.errors import UnsupportedOperatorError
-from compiler.onnx_loader import AUTO_SPATIAL, load
+from fuseguard.compiler.errors import UnsupportedOperatorError
+from fuseguard.compiler.onnx_loader import AUTO_SPATIAL, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ OCR = [
 @pytest.mark.parametrize("package, relative, shapes, retry", OCR, ids=[Path(r).stem for _, r, _, _ in OCR])
 def test_ocr_models_import(package: str, relative: str, shapes, retry: bool) -> None:
     """Every OCR model imports; the Paddle ones with computed reshapes only through the retry."""
-    from compiler.importer import FrontendError, _raw_import, import_model
+    from fuseguard.compiler.importer import FrontendError, _raw_import, import_model
 
     loaded = load(model_file(package, relative), shapes)
     if shapes is None:  # dynamic image dims default to a size DBNet accepts (a multiple of 32)
@@ -99,7 +99,7 @@ def test_ocr_models_import(package: str, relative: str, shapes, retry: bool) -> 
 
 def test_recogniser_needs_its_height_and_says_so() -> None:
     """PP-OCRv4's recogniser declares height '?' but only works at 48: the guess fails, clearly."""
-    from compiler.importer import FrontendError, import_model
+    from fuseguard.compiler.importer import FrontendError, import_model
 
     loaded = load(model_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx"))
     assert loaded.guessed == {"x": (1, 3, AUTO_SPATIAL, AUTO_SPATIAL)}
@@ -114,7 +114,7 @@ def test_ocr_detector_verifies_through_the_cli(tmp_path: Path) -> None:
     """A new user's command on the smallest detector: fused and unfused builds both match ORT."""
     path = model_file("rapidocr", "models/PP-OCRv6_det_small.onnx")
     report = tmp_path / "det.json"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", str(path), "--no-schedule",
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", str(path), "--no-schedule",
                            "--shape", "x=1x3x64x96", "--json", str(report)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,7 +137,7 @@ def test_silero_vad_stops_at_its_lstm(relative: str) -> None:
 
 def test_silero_vad_cli_exit_code_and_one_line() -> None:
     path = model_file("silero_vad", "data/silero_vad.onnx")
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "verify", str(path), "--no-schedule"],
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "verify", str(path), "--no-schedule"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     (line,) = [line for line in proc.stderr.splitlines() if line.strip()]

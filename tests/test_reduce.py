@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from verify.reduce import Graph, reduce_nodes, signature_of
+from fuseguard.verify.reduce import Graph, reduce_nodes, signature_of
 
 ROOT = Path(__file__).resolve().parent.parent
 ERF = ROOT / "tests" / "plugins" / "erf_breaks_fusion.py"
@@ -52,7 +52,7 @@ def test_cut_makes_boundary_tensors_inputs_and_outputs_and_the_search_is_one_min
 
 def test_cli_reduces_a_failing_fused_build_and_the_reproducer_reproduces(tmp_path: Path) -> None:
     out = tmp_path / "red"
-    proc = subprocess.run([sys.executable, "-m", "verify.cli", "reduce", "bert_encoder", "--plugin", str(ERF),
+    proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "reduce", "bert_encoder", "--plugin", str(ERF),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "reduce.json").read_text())
@@ -63,6 +63,6 @@ def test_cli_reduces_a_failing_fused_build_and_the_reproducer_reproduces(tmp_pat
     onnx.checker.check_model(reduced)
     assert len(reduced.graph.node) == len(doc["ops"])
     # Without the faulty plugin the reproducer builds: nothing to reduce, said in one line.
-    clean = subprocess.run([sys.executable, "-m", "verify.cli", "reduce", str(out / "reduced.onnx"), "--out",
+    clean = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "reduce", str(out / "reduced.onnx"), "--out",
                             str(tmp_path / "again")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert clean.returncode == 0 and "nothing to reduce" in clean.stdout, clean.stdout + clean.stderr

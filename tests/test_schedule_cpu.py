@@ -13,17 +13,17 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
-from compiler.schedule import approx, workloads
-from compiler.schedule.cpu import (
+from fuseguard.compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
+from fuseguard.compiler.schedule import approx, workloads
+from fuseguard.compiler.schedule.cpu import (
     SCHEDULE_ATTR,
     CpuScheduleOptions,
     describe_module,
     schedule_cpu_module,
     schedule_cpu_module_with_report,
 )
-from compiler.schedule.packing import pack_array, panel_index_map
-from compiler.schedule.tir_analysis import calls_in
+from fuseguard.compiler.schedule.packing import pack_array, panel_index_map
+from fuseguard.compiler.schedule.tir_analysis import calls_in
 
 RTOL = ATOL = 1e-4
 
@@ -46,7 +46,7 @@ PINNED_HOST = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx", "avx2",
 @pytest.fixture
 def pinned_target(monkeypatch: pytest.MonkeyPatch) -> tvm.target.Target:
     """A Zen3 target whose schedules see PINNED_HOST's caches (the host must run AVX2)."""
-    import compiler.hostcpu as hostcpu
+    import fuseguard.compiler.hostcpu as hostcpu
 
     if not {"avx2", "fma"} <= detect_host().features:
         pytest.skip("the pinned Zen3 profile's AVX2 code cannot run on this host")
@@ -276,7 +276,7 @@ def test_pointwise_convs_use_the_row_vector_kernel(target: tvm.target.Target, kw
 
 
 def test_search_conv_tiles_shapes() -> None:
-    from compiler.schedule.cpu_conv import ConvInfo, conv_tiles, search_conv_tiles
+    from fuseguard.compiler.schedule.cpu_conv import ConvInfo, conv_tiles, search_conv_tiles
 
     avx512 = HostCPU(mcpu="znver4", cores=2, features=frozenset({"avx512f", "avx2", "fma"}))
     avx2 = HostCPU(mcpu="znver1", cores=2, features=frozenset({"avx2", "fma"}))
@@ -357,8 +357,8 @@ def test_a_keepdims_reduction_takes_the_vector_row_rule_without_recomputing() ->
     3.5 ms, ORT 1.4 ms; now 0.55 ms, Zen3). Matches ORT."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     rng = np.random.default_rng(0)
     channels, frames = 24, 203
@@ -546,7 +546,7 @@ def test_symbolic_kernels_go_parallel_only_when_the_call_has_the_work(target: tv
     call picks by its work; both branches compute the same."""
     from tvm import te
 
-    from compiler.schedule.cpu import PARALLEL_MIN_WORK
+    from fuseguard.compiler.schedule.cpu import PARALLEL_MIN_WORK
 
     n = tirx.Var("n", "int64")
     a = te.placeholder((n, 1024), name="A")
@@ -572,7 +572,7 @@ def test_symbolic_kernels_go_parallel_only_when_the_call_has_the_work(target: tv
                                         ("haswell", 16)])
 def test_cost_model_vector_registers_follow_the_isa(mcpu: str, regs: int) -> None:
     """The cost model's table row asks LLVM for the ISA as the schedules do (a name list had missed znver5)."""
-    from compiler.hardware import host_cpu
+    from fuseguard.compiler.hardware import host_cpu
 
     assert host_cpu(mcpu).vector_regs == regs
 
@@ -587,7 +587,7 @@ def test_a_concatenation_is_cut_into_one_loop_nest_per_input(sizes: list[int], s
     from tvm import relax, s_tir
     from tvm.script import relax as R
 
-    from compiler.schedule.cpu_elementwise import schedule_injective
+    from fuseguard.compiler.schedule.cpu_elementwise import schedule_injective
 
     bb = relax.BlockBuilder()
     xs = [relax.Var(f"x{i}", R.Tensor((1, n, *shape), "float32")) for i, n in enumerate(sizes)]
@@ -619,7 +619,7 @@ def test_long_odd_rows_are_vectorised_along_each_row_with_a_tail() -> None:
     from tvm import relax, s_tir
     from tvm.script import relax as R
 
-    from compiler.schedule.cpu_elementwise import schedule_injective
+    from fuseguard.compiler.schedule.cpu_elementwise import schedule_injective
 
     rows, width = 8, 301
     bb = relax.BlockBuilder()
@@ -651,8 +651,8 @@ def test_a_layernorm_that_also_outputs_its_residual_sum_keeps_the_vector_rule() 
     LayerNorm: 2.5x slower than its unfused parts, Zen3). Both outputs match ORT."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     rng = np.random.default_rng(0)
     rows, width = 300, 128
@@ -678,7 +678,7 @@ def test_a_transcendental_kernel_goes_parallel_at_fewer_iterations(target: tvm.t
     TRANSCENDENTAL_WORK per element: the rows run parallel. The same rows of an add-only kernel stay serial."""
     from tvm import te, topi
 
-    from compiler.schedule.cpu import PARALLEL_MIN_WORK, TRANSCENDENTAL_WORK
+    from fuseguard.compiler.schedule.cpu import PARALLEL_MIN_WORK, TRANSCENDENTAL_WORK
 
     shape = (12, 197, 197)
     elements = 12 * 197 * 197
@@ -703,7 +703,7 @@ def test_a_kernel_reading_megabytes_goes_parallel_at_few_iterations(target: tvm.
     columns here: a B that is not a constant and no vector divides is padded by a parallel copy.)"""
     from tvm import te
 
-    from compiler.schedule.cpu import PARALLEL_MIN_BYTES, PARALLEL_MIN_WORK
+    from fuseguard.compiler.schedule.cpu import PARALLEL_MIN_BYTES, PARALLEL_MIN_WORK
 
     def matvec(k_dim: int, name: str) -> tirx.PrimFunc:
         x, w = te.placeholder((1, k_dim), name="x"), te.placeholder((k_dim, 1024), name="w")

@@ -15,12 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("compiler", "verify", "suites")
-PYTEST_ONLY = {"verify.pytest_plugin"}
+PYTEST_ONLY = {"fuseguard.verify.pytest_plugin"}
 
 
 def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    parts = ["fuseguard", *rel.parts]          # installed as fuseguard.compiler, fuseguard.verify, ...
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -133,10 +133,11 @@ def test_product_module_imports_no_test_code(name: str) -> None:
 
 def test_compiler_knows_nothing_of_verify_or_suites() -> None:
     for name, path in _product_modules().items():
-        if name.split(".")[0] != "compiler":
+        if name.split(".")[1] != "compiler":
             continue
         imported = _imports(name, path, top_level_only=False)
-        bad = sorted(m for m in imported if m.split(".")[0] in ("verify", "suites"))
+        bad = sorted(m for m in imported if m.split(".")[0] in ("verify", "suites")
+                     or m.split(".")[:2] in (["fuseguard", "verify"], ["fuseguard", "suites"]))
         assert not bad, f"{name} imports {', '.join(bad)}"
 
 
@@ -162,7 +163,7 @@ def test_only_the_settings_module_reads_the_environment() -> None:
     `fuseguard env` then know every variable that exists)."""
     offenders = {}
     for name, path in _product_modules().items():
-        if name != "compiler.settings":
+        if name != "fuseguard.compiler.settings":
             reads = _environment_reads(path)
             if reads:
                 offenders[name] = reads
@@ -177,7 +178,7 @@ def test_the_environment_read_finder_finds_reads(tmp_path: Path) -> None:
 
 
 def test_settings_are_declared_and_code_settings_join_the_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from compiler import settings
+    from fuseguard.compiler import settings
 
     with pytest.raises(KeyError, match="not a fuseguard setting"):
         settings.get("FUSEGUARD_NO_SUCH_SWITCH")
@@ -189,3 +190,17 @@ def test_settings_are_declared_and_code_settings_join_the_cache_key(monkeypatch:
     monkeypatch.setenv("TVM_NUM_THREADS", "two")
     with pytest.raises(ValueError, match="TVM_NUM_THREADS='two': expected an integer"):
         settings.integer("TVM_NUM_THREADS")
+
+
+def test_the_compiler_imports_itself_only_relatively() -> None:
+    """A base revision's compiler is loaded from its own tree by its folder name (the A/B gate): an
+    absolute `fuseguard.compiler` (or `compiler`) import inside it would load this tree's code instead."""
+    bad = []
+    for name, path in _product_modules().items():
+        if name.split(".")[1] != "compiler":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{name}: {m}" for m in mods if m.split(".")[0] == "compiler" or m.startswith("fuseguard.")]
+    assert not bad, bad

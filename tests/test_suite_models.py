@@ -23,8 +23,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx import numpy_helper
 from scipy.special import erf
 
-from suites import light
-from suites.models import (
+from fuseguard.suites import light
+from fuseguard.suites.models import (
     FUSION_TAGS,
     MASKED_BIAS,
     SuiteModel,
@@ -33,7 +33,7 @@ from suites.models import (
     padding_mask,
     suite_models,
 )
-from suites.strategies import batch_sizes, image_sizes, model_cases, seeds, seq_lens, tile_edges
+from fuseguard.suites.strategies import batch_sizes, image_sizes, model_cases, seeds, seq_lens, tile_edges
 
 REQUIRED_MODELS = {
     "mlp_gelu", "mlp_gelu_tanh", "conv_bn_relu", "bert_encoder", "softmax_layernorm", "attention",

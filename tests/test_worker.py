@@ -17,8 +17,8 @@ import numpy as np
 import psutil
 import pytest
 
-from compiler.errors import ModelError
-from verify.worker import (
+from fuseguard.compiler.errors import ModelError
+from fuseguard.verify.worker import (
     Worker,
     WorkerCrashed,
     WorkerFailure,

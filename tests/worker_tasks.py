@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import ModelError
+from fuseguard.compiler.errors import ModelError
 
 
 class CustomError(Exception):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import UsageError
+from fuseguard.compiler.errors import UsageError
 
 from .gate import GatePolicy, GateResult, Measurement, Verdict, evaluate
 
@@ -107,7 +107,7 @@ def materialize(rev: str, repo: Path = PROJECT_ROOT, cache: Path | None = None) 
     from filelock import FileLock
 
     sha = resolve_commit(rev, repo)
-    from compiler.cache import home
+    from fuseguard.compiler.cache import home
 
     root = (cache or home()) / "revs"
     root.mkdir(parents=True, exist_ok=True)
@@ -140,20 +140,26 @@ def build_arm(tree: str, model_path: str, inputs_path: str, options: Mapping[str
     is dropped only at its default (`defaults`, the candidate's): `--precision bf16` against a base that
     predates it would otherwise time an fp32 base against a bf16 candidate."""
     import time
+    import warnings
 
-    import compiler
+    # THAT tree's compiler by its folder name: a base revision's tree comes first on sys.path, so
+    # `compiler` is its code (compiler/_aliases.py aliases the name only to this installation's own
+    # folder, which is what the candidate's tree is).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import compiler
+        from compiler.pipeline import CompileOptions, compile_model
 
     where = Path(compiler.__file__).resolve()
     if Path(tree).resolve() not in where.parents:
         raise RuntimeError(f"{label}: imported compiler from {where}, not from {tree}")
-    from compiler.pipeline import CompileOptions, compile_model
 
     known = {f.name for f in fields(CompileOptions)}
     def plain(k: str, v: Any) -> Any:
         if k == "disabled_patterns":
             return frozenset(v)
         if k == "dynamic":
-            from compiler.dynamic import parse_dynamic
+            from compiler.dynamic import parse_dynamic    # the tree's, as above
 
             return parse_dynamic(v)
         return v
@@ -349,9 +355,9 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
     """Compile `source` with both trees, time both builds in fresh processes, gate, compare outputs."""
     import json
 
-    from compiler.errors import FuseguardError
-    from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions
+    from fuseguard.compiler.errors import FuseguardError
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions
 
     from .core import SuiteSpec
     from .inputs import make_inputs
@@ -373,7 +379,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
         def build(label: str) -> dict[str, Any]:
             say(f"{name}: compiling with the {label} compiler ({trees[label]})")
             with Worker(sys_path=[str(trees[label])], env=dict(env or {}), forward_output=False) as worker:
-                return worker.call("verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
+                return worker.call("fuseguard.verify.ab:build_arm", what=f"compiling {name} with the {label} tree",
                                    timeout=timeout, tree=str(trees[label]), model_path=str(workdir / "model.onnx"),
                                    inputs_path=str(workdir / "inputs.npz"), options=dict(options),
                                    defaults=CompileOptions().to_dict(),
@@ -403,7 +409,7 @@ def ab_model(source: Any, base_tree: Path, candidate_tree: Path, *, base_commit:
             n = len(runs) + 1
             say(f"{name}: timing base vs candidate vs ORT (fresh process {n})")
             with Worker(env=dict(env or {}), forward_output=False) as timer:
-                return timer.call("verify.ab:time_arms", what=f"timing {name} (process {n})", timeout=timeout,
+                return timer.call("fuseguard.verify.ab:time_arms", what=f"timing {name} (process {n})", timeout=timeout,
                                   directory=str(workdir), threads=threads, repeats=repeats, flip=n % 2 == 0)
 
         runs: list[dict[str, list[float]]] = []

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import InputError, UsageError
+from fuseguard.compiler.errors import InputError, UsageError
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
@@ -36,8 +36,8 @@ def _versions() -> dict[str, Any]:
     import tvm
     import tvm_ffi
 
-    from compiler.cache import compiler_source_hash
-    from compiler.decisions import versions
+    from fuseguard.compiler.cache import compiler_source_hash
+    from fuseguard.compiler.decisions import versions
 
     from .baselines import git_commit
 
@@ -47,9 +47,9 @@ def _versions() -> dict[str, Any]:
 
 def write_artifact(source: Any, out_dir: str, *, options: Any, shapes: dict | None = None, seed: int = 0) -> dict:
     """In a worker: compile the fused build, verify it against ONNX Runtime, write library + manifest."""
-    from compiler.cache import compile_cached
-    from compiler.onnx_loader import load
-    from compiler.plugins import load_env_plugins
+    from fuseguard.compiler.cache import compile_cached
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.plugins import load_env_plugins
 
     from .compare import compare_outputs
     from .core import SuiteSpec, run_onnxruntime
@@ -118,7 +118,7 @@ class ArtifactVerdict:
 def _find(directory: Path) -> Path:
     if (directory / MANIFEST).is_file():
         return directory
-    from compiler.target import resolve
+    from fuseguard.compiler.target import resolve
 
     mine = directory / resolve().class_id
     if (mine / MANIFEST).is_file():
@@ -152,7 +152,7 @@ def verify_artifact(directory: str) -> dict:
     model_bytes = (d / MODEL).read_bytes()
     if _sha256(model_bytes) != manifest.get("model_sha256"):
         notes.append("model.onnx changed since the build was verified")
-    from compiler.target import resolve
+    from fuseguard.compiler.target import resolve
 
     here = resolve().class_id
     if manifest["target"]["kind"] == "llvm" and manifest["target"]["class_id"] != here:
@@ -161,7 +161,7 @@ def verify_artifact(directory: str) -> dict:
     inputs = make_inputs(model, {k: tuple(v) for k, v in manifest["input_shapes"].items()}, seed=manifest["seed"])
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(d / LIBRARY)), tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in manifest["input_names"]])
-    from compiler.pipeline import _flatten, _to_numpy
+    from fuseguard.compiler.pipeline import _flatten, _to_numpy
 
     outputs = dict(zip(manifest["output_names"], [_to_numpy(t) for t in _flatten(out)]))
     result = compare_outputs(outputs, run_onnxruntime(model, inputs))

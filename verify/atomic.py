@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from compiler.errors import BaselineError
+from fuseguard.compiler.errors import BaselineError
 
 LOCK_TIMEOUT_S = 60.0
 """How long a writer waits for another one; a record() holds the lock for milliseconds."""

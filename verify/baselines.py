@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import BaselineError, UsageError
-from verify.atomic import PathLike, atomic_write_json, read_json_document, update_json
-from verify.timing import Samples
+from fuseguard.compiler.errors import BaselineError, UsageError
+from fuseguard.verify.atomic import PathLike, atomic_write_json, read_json_document, update_json
+from fuseguard.verify.timing import Samples
 
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 50
@@ -68,7 +68,7 @@ def cpu_class_id(mcpu: str, cores: int) -> str:
 
 def host_cpu_class() -> str:
     """This machine's CPU class: LLVM's host CPU name (via TVM) and the cores this process may use."""
-    from compiler.hostcpu import llvm_host_name, usable_cores  # lazily: TVM takes most of a second to load
+    from fuseguard.compiler.hostcpu import llvm_host_name, usable_cores  # lazily: TVM takes most of a second to load
 
     return cpu_class_id(llvm_host_name(), usable_cores())
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from compiler import progress
-from compiler.cache import compile_cached
-from compiler.onnx_loader import load
-from compiler.pipeline import CompileOptions
-from compiler.plugins import load_env_plugins
+from fuseguard.compiler import progress
+from fuseguard.compiler.cache import compile_cached
+from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.pipeline import CompileOptions
+from fuseguard.compiler.plugins import load_env_plugins
 
 from .inputs import make_inputs
 from .timing import measure_interleaved, ort_timing_options

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from compiler import settings
-from compiler.errors import FuseguardError, UsageError
+from fuseguard.compiler import settings
+from fuseguard.compiler.errors import FuseguardError, UsageError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 #: fuseguard itself failed (a bug, or the disk): said in one line naming the command, never a traceback.
@@ -194,8 +194,8 @@ def _options(args: argparse.Namespace):
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from compiler.onnx_loader import parse_shape_spec
-    from compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.plugins import env_for, load_plugins
 
     from .core import SuiteSpec
     from .worker import Worker
@@ -209,7 +209,7 @@ def _compile(args: argparse.Namespace) -> int:
         for source in sources:
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             out = Path(args.out) if len(sources) == 1 else Path(args.out) / Path(label).stem
-            done = _call_one(args, worker, "verify.artifact:write_artifact", label, f"compiling {label} for release",
+            done = _call_one(args, worker, "fuseguard.verify.artifact:write_artifact", label, f"compiling {label} for release",
                              source=source, out_dir=str(out), options=options, seed=args.seed,
                              shapes=shapes if not isinstance(source, SuiteSpec) else None)
             if done is _FAILED:
@@ -230,7 +230,7 @@ def _verify_artifacts(args: argparse.Namespace) -> int:
     args.worst = EXIT_OK
     with Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) as worker:
         for directory in args.artifact:
-            d = _call_one(args, worker, "verify.artifact:verify_artifact", directory, f"re-verifying {directory}",
+            d = _call_one(args, worker, "fuseguard.verify.artifact:verify_artifact", directory, f"re-verifying {directory}",
                           directory=directory)
             if d is _FAILED:
                 continue
@@ -248,7 +248,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.artifact:
         return _verify_artifacts(args)
 
-    from compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
 
     from .compare import Tolerance
     from .core import SuiteSpec, verify_in_worker
@@ -256,12 +256,12 @@ def _verify(args: argparse.Namespace) -> int:
 
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
     options = _options(args)
-    from compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.plugins import env_for, load_plugins
 
     load_plugins(args.plugin)
     unknown = set()
     if args.disable_pattern:
-        from compiler.patterns import pattern_names  # imports TVM: only when needed
+        from fuseguard.compiler.patterns import pattern_names  # imports TVM: only when needed
 
         unknown = set(args.disable_pattern) - set(pattern_names())
     if unknown:
@@ -362,8 +362,8 @@ def _profile_verified(args: argparse.Namespace, sources: Sequence[Any], results:
     """`verify --profile`: each model that ran gets its per-kernel profile (`result["profile"]`), timed in a
     worker of its own with the profile's thread settings; a model that fails to profile says so in one line
     and keeps its verdict (profiling is information, not a check)."""
-    from compiler.plugins import env_for
-    from compiler.target import host_cores
+    from fuseguard.compiler.plugins import env_for
+    from fuseguard.compiler.target import host_cores
 
     from .core import SuiteSpec
     from .timing import timing_env
@@ -377,7 +377,7 @@ def _profile_verified(args: argparse.Namespace, sources: Sequence[Any], results:
             if result.get("status") not in ("PASS", "FAIL"):
                 continue
             print(f"fuseguard: profiling {result['model']}", file=sys.stderr, flush=True)
-            profile = _call_one(args, worker, "verify.profile:profile_model", result["model"],
+            profile = _call_one(args, worker, "fuseguard.verify.profile:profile_model", result["model"],
                                 f"profiling {result['model']}", source=source,
                                 shapes=None if isinstance(source, SuiteSpec) else result.get("input_shapes"),
                                 options=options, threads=threads, seed=result.get("seed") or 0)
@@ -416,7 +416,7 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
                 print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
                       f"{build.compare.summary()}", file=sys.stderr)
     if args.report and verdict.fused.report:
-        from compiler.sass import SassReport
+        from fuseguard.compiler.sass import SassReport
 
         rep = verdict.fused.report
         console.print(rep.render())
@@ -467,7 +467,7 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
 
 
 def _sources(args: argparse.Namespace) -> list[Any]:
-    from suites.models import suite_models, zoo_models
+    from fuseguard.suites.models import suite_models, zoo_models
 
     from .core import dim_overrides, resolve_model_arg
 
@@ -480,9 +480,9 @@ def _sources(args: argparse.Namespace) -> list[Any]:
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from compiler.onnx_loader import parse_shape_spec
-    from compiler.plugins import env_for, load_plugins
-    from compiler.target import host_cores
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.target import host_cores
 
     from .bench import render
     from .core import SuiteSpec
@@ -523,14 +523,14 @@ def _bench(args: argparse.Namespace) -> int:
             progress.start(i + 1, label)
             directory = str(Path(tmp) / str(i))
             try:
-                meta = worker.call("verify.bench:prepare_bench", what=f"compiling {label} for bench",
+                meta = worker.call("fuseguard.verify.bench:prepare_bench", what=f"compiling {label} for bench",
                                    timeout=args.timeout, source=source, directory=directory,
                                    shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
                 runs = []
                 for p in range(args.processes):     # fresh processes: per-process speed modes show
                     progress.stage(f"timing, fresh process {p + 1} of {args.processes}")
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
-                        runs.append(timer.call("verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
+                        runs.append(timer.call("fuseguard.verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
                                                timeout=args.timeout, directory=directory, threads=threads,
                                                repeats=args.repeats, thread_pools=args.thread_pools))
                 result = aggregate(meta, runs, threads, args.thread_pools)
@@ -567,7 +567,7 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
     """`bench --dynamic NAME --dim NAME=A,B,...`: the symbolic build against a static build per size."""
     from rich.console import Console
 
-    from compiler.plugins import env_for
+    from fuseguard.compiler.plugins import env_for
 
     from .core import SuiteSpec
     from .progress import Progress
@@ -590,7 +590,7 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
         for i, source in enumerate(sources):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             progress.start(i + 1, label)
-            result = _call_one(args, worker, "verify.cliff:bench_cliff", label, f"timing {label} dynamic vs static",
+            result = _call_one(args, worker, "fuseguard.verify.cliff:bench_cliff", label, f"timing {label} dynamic vs static",
                                source=source, options=options, sizes=sizes, threads=threads, repeats=args.repeats,
                                buckets=buckets, shapes=shapes if not isinstance(source, SuiteSpec) else None)
             if result is _FAILED:
@@ -619,7 +619,7 @@ def _dim_sizes(item: str, dynamic: set[str], flag: str, *, name_optional: bool =
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.plugins import env_for, load_plugins
 
     from .baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
     from .latency import BASELINE_DIR, baseline_path, gate_model
@@ -665,7 +665,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
     gate = Gate.from_config(load_gate_config(None, path.parent))
     if not args.models:
-        from suites.latency_set import LATENCY_SET, latency_spec
+        from fuseguard.suites.latency_set import LATENCY_SET, latency_spec
 
         sources = [latency_spec(name) for name in LATENCY_SET]
     else:
@@ -716,7 +716,7 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
                 **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """Run `task` in `worker` for every MODEL argument; yield (source, result) for the ones that ran and
     report the others in one line each (the exit code lands in `args.worst`)."""
-    from compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
 
     from .core import SuiteSpec
 
@@ -730,7 +730,7 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
 
 
 def _reduce(args: argparse.Namespace) -> int:
-    from compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.plugins import env_for, load_plugins
 
     from .reduce import reduce_model
     from .worker import Worker
@@ -738,7 +738,7 @@ def _reduce(args: argparse.Namespace) -> int:
     load_plugins(args.plugin)
     options = _options(args)
     (source,) = _sources(args)
-    from compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
 
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
@@ -754,8 +754,8 @@ def _reduce(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from compiler.plugins import env_for, load_plugins
-    from compiler.target import host_cores
+    from fuseguard.compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.target import host_cores
 
     from .timing import timing_env
     from .worker import Worker
@@ -769,7 +769,7 @@ def _profile(args: argparse.Namespace) -> int:
     results, args.worst = [], EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for _, result in _each_model(args, worker, "verify.profile:profile_model", "profiling", options=options,
+        for _, result in _each_model(args, worker, "fuseguard.verify.profile:profile_model", "profiling", options=options,
                                      threads=threads, repeats=args.repeats):
             results.append(result)
             console.print(result.render(max_rows=args.rows))
@@ -791,8 +791,8 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from compiler.plugins import env_for, load_plugins
-    from compiler.target import host_cores
+    from fuseguard.compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.target import host_cores
 
     from .timing import timing_env
     from .worker import Worker
@@ -805,7 +805,7 @@ def _tune(args: argparse.Namespace) -> int:
     args.worst = EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for _, result in _each_model(args, worker, "verify.tune:tune_model", "tuning", options=options,
+        for _, result in _each_model(args, worker, "fuseguard.verify.tune:tune_model", "tuning", options=options,
                                      threads=threads, repeats=args.repeats, db=args.decision_db):
             print(result.render())
     return args.worst
@@ -814,7 +814,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _conformance(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.plugins import env_for, load_plugins
 
     from .conformance import case_names, run_in_worker
     from .worker import Worker
@@ -844,10 +844,10 @@ def _gate(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from compiler.onnx_loader import parse_shape_spec
-    from compiler.plugins import env_for, load_plugins
-    from compiler.target import host_cores
-    from suites.latency_set import LATENCY_SET, latency_spec
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.plugins import env_for, load_plugins
+    from fuseguard.compiler.target import host_cores
+    from fuseguard.suites.latency_set import LATENCY_SET, latency_spec
 
     from . import ab
     from .gate import GatePolicy
@@ -900,7 +900,7 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from compiler.cache import BuildCache
+    from fuseguard.compiler.cache import BuildCache
 
     cache = BuildCache()
     if args.action == "clear":
@@ -913,7 +913,7 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _device_bundle(args: argparse.Namespace) -> int:
-    from compiler.target import resolve
+    from fuseguard.compiler.target import resolve
 
     from .device_bundle import make_bundle
 
@@ -925,7 +925,7 @@ def _device_bundle(args: argparse.Namespace) -> int:
 
 
 def _patterns(args: argparse.Namespace) -> int:
-    from compiler.patterns import PATTERNS
+    from fuseguard.compiler.patterns import PATTERNS
 
     for name, rule in PATTERNS.items():
         print(f"{name:20s} {rule.description}")
@@ -936,7 +936,7 @@ def _env(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from compiler.hostcpu import detect_host
+    from fuseguard.compiler.hostcpu import detect_host
 
     table = Table(title="environment variables fuseguard reads (compiler/settings.py)")
     for col in ("variable", "value", "changes code", "what"):

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from compiler import progress
-from compiler.cache import compile_cached
-from compiler.dynamic import check_names, relabel
-from compiler.errors import UsageError
-from compiler.onnx_loader import load
-from compiler.pipeline import CompileOptions
-from compiler.plugins import load_env_plugins
+from fuseguard.compiler import progress
+from fuseguard.compiler.cache import compile_cached
+from fuseguard.compiler.dynamic import check_names, relabel
+from fuseguard.compiler.errors import UsageError
+from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.pipeline import CompileOptions
+from fuseguard.compiler.plugins import load_env_plugins
 
 from .inputs import make_inputs
 from .timing import measure_interleaved, ort_timing_options
@@ -111,7 +111,7 @@ def bench_cliff(source: Any, *, options: CompileOptions, sizes: Mapping[str, Seq
     build of the bucket each size pads to."""
     import onnxruntime as ort
 
-    from compiler.target import resolve
+    from fuseguard.compiler.target import resolve
 
     from .core import SuiteSpec
 
@@ -128,7 +128,7 @@ def bench_cliff(source: Any, *, options: CompileOptions, sizes: Mapping[str, Seq
                          f"({', '.join(names)})")
     suite = None
     if isinstance(source, SuiteSpec):
-        from suites.models import get_model
+        from fuseguard.suites.models import get_model
 
         suite, name = get_model(source.name), source.label
         model = relabel(source.build(), suite.dynamic_axes(names))

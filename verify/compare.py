@@ -33,7 +33,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from compiler.errors import UsageError
+from fuseguard.compiler.errors import UsageError
 
 #: Added to ``|reference|`` where it is 0 when computing relative error (Polygraphy's choice).
 REL_EPSILON: float = float(np.finfo(np.float64).eps)

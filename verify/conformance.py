@@ -198,7 +198,7 @@ def compare(actual: Sequence[np.ndarray], expected: Sequence[Any]) -> BuildOutco
 
 
 def _classify(err: BaseException) -> BuildOutcome:
-    from compiler.errors import CompileError, FuseguardError, UnsupportedOperatorError
+    from fuseguard.compiler.errors import CompileError, FuseguardError, UnsupportedOperatorError
 
     text = str(err).strip().splitlines()
     line = text[0] if text else type(err).__name__
@@ -246,7 +246,7 @@ def _freeze(model: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
 
 
 def _run_build(model: Any, inputs: Sequence[Any], expected: Sequence[Any], options: Any) -> BuildOutcome:
-    from compiler.pipeline import compile_model
+    from fuseguard.compiler.pipeline import compile_model
 
     if any(not isinstance(x, np.ndarray) for x in inputs):
         return BuildOutcome("refused", "a sequence, map or optional input (fuseguard takes tensors)")
@@ -280,7 +280,7 @@ def _run_ort(model: Any, inputs: Sequence[Any], expected: Sequence[Any]) -> Buil
 
 def run_case(name: str, options: Any = None) -> CaseResult:
     """One case fused, unfused and in ONNX Runtime (in the calling process; the CLI calls it in a worker)."""
-    from compiler.pipeline import CompileOptions
+    from fuseguard.compiler.pipeline import CompileOptions
 
     options = options or CompileOptions()
     case = _cases()[name]
@@ -314,12 +314,12 @@ def run_in_worker(names: Sequence[str], *, options: Any = None, timeout: float =
     while pending:
         chunk, pending = pending[:batch], pending[batch:]
         try:
-            report.results += worker.call("verify.conformance:run_cases", what=f"conformance {chunk[0]}..",
+            report.results += worker.call("fuseguard.verify.conformance:run_cases", what=f"conformance {chunk[0]}..",
                                           timeout=timeout * len(chunk), names=chunk, options=options)
         except (WorkerFailure, WorkerTaskError):
             for name in chunk:          # one at a time, to pin the crash on its case
                 try:
-                    report.results += worker.call("verify.conformance:run_cases", what=f"conformance {name}",
+                    report.results += worker.call("fuseguard.verify.conformance:run_cases", what=f"conformance {name}",
                                                   timeout=timeout, names=[name], options=options)
                 except (WorkerFailure, WorkerTaskError) as err:
                     why = f"crash: {str(err).splitlines()[0][:200]}"

@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.errors import FuseguardError, InputError, ModelError, UsageError
-from compiler.onnx_loader import LoadedModel, error_line, load
-from compiler import progress
-from compiler.cache import compile_cached
-from compiler.plugins import load_env_plugins
-from compiler.pipeline import CompileOptions, CompiledModel
-from compiler.report import FusionReport
-from compiler.target import cuda_device_present, resolve
+from fuseguard.compiler.errors import FuseguardError, InputError, ModelError, UsageError
+from fuseguard.compiler.onnx_loader import LoadedModel, error_line, load
+from fuseguard.compiler import progress
+from fuseguard.compiler.cache import compile_cached
+from fuseguard.compiler.plugins import load_env_plugins
+from fuseguard.compiler.pipeline import CompileOptions, CompiledModel
+from fuseguard.compiler.report import FusionReport
+from fuseguard.compiler.target import cuda_device_present, resolve
 
 from .compare import CompareResult, Tolerance, compare_outputs
 from .precision import check_against_fp64, fp64_reference, is_qdq, loose_tolerances, qdq_tolerances
@@ -39,7 +39,7 @@ class SuiteSpec:
     seed: int = 0
 
     def build(self) -> onnx.ModelProto:
-        from suites.models import get_model
+        from fuseguard.suites.models import get_model
 
         return get_model(self.name).make(dict(self.dims), seed=self.seed)
 
@@ -68,7 +68,7 @@ def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None,
 
     if Path(item).exists() or item.endswith(".onnx"):
         return item
-    from suites.models import get_model, suite_models
+    from fuseguard.suites.models import get_model, suite_models
 
     try:
         model = get_model(item)
@@ -289,5 +289,5 @@ def verify_in_worker(source: str | bytes | SuiteSpec, *, timeout: float | None =
     label = source.label if isinstance(source, SuiteSpec) else (kwargs.get("name") or str(source)[:80])
     options: CompileOptions = kwargs.get("options", CompileOptions())
     target = options.gpu_arch or "cpu"
-    return worker.call("verify.core:verify_model", what=f"verifying {label} for {target}",
+    return worker.call("fuseguard.verify.core:verify_model", what=f"verifying {label} for {target}",
                        timeout=timeout, source=source, **kwargs)

@@ -59,8 +59,8 @@ ATTENTION_HEADS, ATTENTION_HEAD_DIM = 8, 64
 
 def _suite_source(item: BundleItem) -> tuple[Any, dict[str, np.ndarray], dict | None]:
     """(ONNX model, inputs, the recipe regenerating them on the device or None) for a bundle item."""
-    from compiler.onnx_loader import load
-    from suites.models import build_attention, get_model, zoo_models
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.suites.models import build_attention, get_model, zoo_models
 
     from .devicecheck import generated_inputs
     from .inputs import make_inputs
@@ -91,7 +91,7 @@ def _runtime_files(out: Path) -> None:
            "-d", str(runtime), TVM_FFI]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not list(runtime.glob("apache_tvm_ffi-*.whl")):
-        from compiler.errors import UsageError
+        from fuseguard.compiler.errors import UsageError
 
         raise UsageError(f"device bundle: could not download {TVM_FFI} for Python {DEVICE_PYTHON}: "
                          f"{(proc.stderr.strip().splitlines() or ['no wheel'])[-1]}")
@@ -101,9 +101,9 @@ def make_bundle(out_dir: str | Path, *, target: str = "sm_90", mode: str = "full
                 items: tuple[BundleItem, ...] = ITEMS, runtime: bool = True) -> dict:
     """Build every item fused and unfused for `target` (sm_XX, or "cpu" to test the runner here), export
     the libraries, write inputs, expected outputs and manifest.json; refuse past the carry limit."""
-    from compiler.errors import UsageError
-    from compiler.onnx_loader import load
-    from compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.compiler.errors import UsageError
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     from .core import run_onnxruntime
 

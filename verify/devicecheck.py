@@ -38,7 +38,7 @@ def load_runtime(bundle: Path, device: str) -> Any:
     if device == "cuda":
         _preload_cudart()
         ctypes.CDLL(str(bundle / "runtime" / "libtvm_runtime_cuda.so"), mode=ctypes.RTLD_GLOBAL)
-        from compiler.cuda_jit import install
+        from fuseguard.compiler.cuda_jit import install
 
         if not install():
             raise RuntimeError("no nvcc on this machine: the kernels' CUDA source cannot be compiled")

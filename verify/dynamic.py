@@ -16,11 +16,11 @@ from typing import Any
 
 import onnx
 
-from compiler import progress
-from compiler.dynamic import DynamicDim, as_spec, check_names, relabel
-from compiler.errors import ModelError, UsageError
-from compiler.onnx_loader import LoadedModel, error_line, load
-from compiler.pipeline import CompileOptions
+from fuseguard.compiler import progress
+from fuseguard.compiler.dynamic import DynamicDim, as_spec, check_names, relabel
+from fuseguard.compiler.errors import ModelError, UsageError
+from fuseguard.compiler.onnx_loader import LoadedModel, error_line, load
+from fuseguard.compiler.pipeline import CompileOptions
 
 from .compare import CompareResult, Tolerance, compare_outputs
 from .core import NO_CUDA_DEVICE, BuildResult, ModelVerdict, SuiteSpec, _build_and_run
@@ -145,7 +145,7 @@ def _load(source: Any, shapes: Any, options: CompileOptions, name: str | None,
     suite_ranges: dict[str, tuple[int, int]] = {}
     seed = None
     if isinstance(source, SuiteSpec):
-        from suites.models import get_model
+        from fuseguard.suites.models import get_model
 
         entry = get_model(source.name)
         names = [d.name for d in options.dynamic]
@@ -173,8 +173,8 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
         raise UsageError("verify_dynamic needs --dynamic NAME")
     if inputs_file:
         raise UsageError("--inputs FILE.npz pins one shape; with --dynamic the inputs are drawn per size")
-    from compiler.plugins import load_env_plugins
-    from compiler.target import cuda_device_present, resolve
+    from fuseguard.compiler.plugins import load_env_plugins
+    from fuseguard.compiler.target import cuda_device_present, resolve
 
     load_env_plugins()
     progress.stage("load")
@@ -311,7 +311,7 @@ def verify_dynamic_in_worker(source: Any, *, timeout: float | None = None, worke
 
     worker = worker or get_worker()
     label = source.label if isinstance(source, SuiteSpec) else (kwargs.get("name") or str(source)[:80])
-    return worker.call("verify.dynamic:verify_dynamic", what=f"verifying {label} at drawn sizes",
+    return worker.call("fuseguard.verify.dynamic:verify_dynamic", what=f"verifying {label} at drawn sizes",
                        timeout=timeout, source=source, **kwargs)
 
 

@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from compiler.errors import UsageError
-from verify.baselines import BaselineFile, Entry, model_of
-from verify.timing import Samples
+from fuseguard.compiler.errors import UsageError
+from fuseguard.verify.baselines import BaselineFile, Entry, model_of
+from fuseguard.verify.timing import Samples
 
 
 class Verdict(str, Enum):
@@ -394,7 +394,7 @@ def load_gate_config(path: str | None, baseline_dir: Any) -> dict[str, dict[str,
     import json
     from pathlib import Path
 
-    from compiler.errors import BaselineError
+    from fuseguard.compiler.errors import BaselineError
 
     file = Path(path) if path else Path(baseline_dir) / "gate.json"
     if not file.exists():

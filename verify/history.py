@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.errors import UsageError
+from fuseguard.compiler.errors import UsageError
 
 
 @dataclass(frozen=True)

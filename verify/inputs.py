@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from compiler.errors import InputError, ModelError, ShapeError, UsageError
+from fuseguard.compiler.errors import InputError, ModelError, ShapeError, UsageError
 
 #: Ops whose data input (index 0) reaches the output with its values unchanged.
 _VALUE_PRESERVING = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity",

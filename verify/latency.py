@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compiler import settings
-from compiler.pipeline import CompileOptions
+from fuseguard.compiler import settings
+from fuseguard.compiler.pipeline import CompileOptions
 
 from .timing import ForeignLoad, Samples, measure_interleaved, ort_timing_options
 
@@ -55,7 +55,7 @@ def _calibration_kernel(spec):
         def main(a: R.Tensor((1024, 1024), "float32"), b: R.Tensor((1024, 1024), "float32")):
             return R.matmul(a, b)
 
-    from compiler.pipeline import compile_relax
+    from fuseguard.compiler.pipeline import compile_relax
 
     build = compile_relax(Calibration, CompileOptions(gpu_arch=spec.arch if spec.is_gpu else None), name="calibration")
     rng = np.random.default_rng(0)
@@ -69,10 +69,10 @@ def measure_model(source: Any, *, options: CompileOptions = CompileOptions(), sh
     """Time the compiled model and its reference, interleaved (runs in a worker; builds are cached)."""
     import onnxruntime as ort
 
-    from compiler.cache import compile_cached
-    from compiler.onnx_loader import load
-    from compiler.plugins import load_env_plugins
-    from compiler.target import resolve
+    from fuseguard.compiler.cache import compile_cached
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.plugins import load_env_plugins
+    from fuseguard.compiler.target import resolve
 
     from .core import SuiteSpec
     from .inputs import make_inputs
@@ -123,7 +123,7 @@ def _gpu_name() -> str:
 
 def baseline_path(options: CompileOptions, directory: Path = BASELINE_DIR) -> Path:
     """`baselines/sm_80.json` for a GPU arch, `baselines/cpu-<mcpu>-<N>c.json` for this CPU class."""
-    from compiler.target import resolve
+    from fuseguard.compiler.target import resolve
 
     from .baselines import cpu_class_id
 
@@ -149,11 +149,11 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
     what = what or f"timing {getattr(source, 'label', source)}"
 
     def measure(n: int) -> LatencyRun:
-        return worker.call("verify.latency:measure_model", what=what, timeout=timeout, source=source,
+        return worker.call("fuseguard.verify.latency:measure_model", what=what, timeout=timeout, source=source,
                            options=options, repeats=n, warmup=1)
 
     baselines = load_baselines(path)           # a corrupt file fails here, loudly, and is left untouched
-    run = worker.call("verify.latency:measure_model", what=what, timeout=timeout, source=source, options=options,
+    run = worker.call("fuseguard.verify.latency:measure_model", what=what, timeout=timeout, source=source, options=options,
                       repeats=repeats)
     key = entry_key(run, options)
     measurement = Measurement.of(run.candidate, run.reference, run.reference_kind)

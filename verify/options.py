@@ -128,8 +128,8 @@ def add_dynamic_options(addoption: AddOption, prefix: str = "") -> None:
 
 
 def _dynamic_dims(text: str) -> tuple:
-    from compiler.dynamic import parse_dynamic
-    from compiler.errors import UsageError
+    from fuseguard.compiler.dynamic import parse_dynamic
+    from fuseguard.compiler.errors import UsageError
 
     try:
         return parse_dynamic(text)
@@ -164,8 +164,8 @@ def getter(namespace: argparse.Namespace | None = None, *, config: Any = None,
 
 def compile_options(get: Callable[[str], Any]) -> Any:
     """The one place that turns parsed options into `CompileOptions`."""
-    from compiler.dynamic import parse_dynamic
-    from compiler.pipeline import CompileOptions
+    from fuseguard.compiler.dynamic import parse_dynamic
+    from fuseguard.compiler.pipeline import CompileOptions
 
     return CompileOptions(gpu_arch=get("gpu-arch"), mcpu=get("mcpu"), fusion=not get("no-fusion"),
                           disabled_patterns=frozenset(get("disable-pattern") or ()),
@@ -178,7 +178,7 @@ def apply_cache_options(get: Callable[[str], Any]) -> None:
     """`--no-cache` / `--cache-dir` as the environment the workers inherit (compiler/cache.py reads it)."""
     import os
 
-    from compiler.cache import ENV_DIR, ENV_OFF
+    from fuseguard.compiler.cache import ENV_DIR, ENV_OFF
 
     if get("no-cache"):
         os.environ[ENV_OFF] = "1"

@@ -68,13 +68,13 @@ def check_fusion_pays(worker: Any, source: Any, *, options: Any, threads: int, e
 
     label = getattr(source, "label", str(source))
     with tempfile.TemporaryDirectory(prefix="fuseguard-pays-") as tmp:
-        meta = worker.call("verify.bench:prepare_bench", what=f"compiling {label}", timeout=timeout,
+        meta = worker.call("fuseguard.verify.bench:prepare_bench", what=f"compiling {label}", timeout=timeout,
                            source=source, directory=tmp, shapes=shapes, options=options)
         ratios: list[float] = []
         verdict, est, ci = "inconclusive", float("nan"), (float("nan"), float("nan"))
         while len(ratios) < max_processes:
             with Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=dict(env)) as timer:
-                run = timer.call("verify.bench:time_prepared", what=f"timing {label}", timeout=timeout,
+                run = timer.call("fuseguard.verify.bench:time_prepared", what=f"timing {label}", timeout=timeout,
                                  directory=tmp, threads=threads, repeats=repeats,
                                  contenders=("tvm_fused", "tvm_unfused"))
             import numpy as np

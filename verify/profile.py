@@ -277,11 +277,11 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                   threads: int | None = None, repeats: int = 20, seed: int = 0,
                   name: str | None = None) -> ProfileResult:
     """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node."""
-    from compiler.onnx_loader import load
-    from compiler.cache import compile_cached
-    from compiler.pipeline import CompileOptions
-    from compiler.plugins import load_env_plugins
-    from compiler.target import host_cores
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.cache import compile_cached
+    from fuseguard.compiler.pipeline import CompileOptions
+    from fuseguard.compiler.plugins import load_env_plugins
+    from fuseguard.compiler.target import host_cores
 
     from .core import SuiteSpec
     from .inputs import make_inputs

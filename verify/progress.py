@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from compiler.progress import ENV
+from fuseguard.compiler.progress import ENV
 
 #: A non-terminal log says "still working" after this long on one stage (seconds).
 HEARTBEAT_S = 30.0

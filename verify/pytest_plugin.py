@@ -21,7 +21,7 @@ import pytest
 
 
 def _settings() -> Any:
-    from compiler import settings   # imported when pytest asks, not when it loads the plugin
+    from fuseguard.compiler import settings   # imported when pytest asks, not when it loads the plugin
 
     return settings
 
@@ -73,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a large real model")
     for marker, (option, what) in OPT_IN.items():
         config.addinivalue_line("markers", f"{marker}: {what}; deselected unless {option} (nightly)")
-    from compiler.plugins import load_plugins
+    from fuseguard.compiler.plugins import load_plugins
 
     load_plugins(config.getoption("--fuseguard-plugin") or [])
 
@@ -89,7 +89,7 @@ OPT_IN = {
 def model_marks(model: Any) -> list:
     """A suite model's pytest marks: `slow` for a large real model, `models_full` for one the default run leaves
     to `--models-full` (suites/models.py: FULL_RUN_ONLY)."""
-    from suites.models import full_run_only
+    from fuseguard.suites.models import full_run_only
 
     return ([pytest.mark.slow] if model.slow else []) + ([pytest.mark.models_full] if full_run_only(model.name) else [])
 
@@ -106,7 +106,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from compiler.target import cuda_device_present, resolve
+    from fuseguard.compiler.target import cuda_device_present, resolve
 
     spec = resolve(config.getoption("--gpu-arch"))
     device = "CUDA device present" if cuda_device_present() else "no CUDA device"
@@ -137,7 +137,7 @@ def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One reusable worker subprocess per pytest (or xdist worker) process."""
     from .worker import Worker
 
-    from compiler.plugins import env_for
+    from fuseguard.compiler.plugins import env_for
 
     from .timing import timing_env
 
@@ -171,7 +171,7 @@ def verify_dynamic(request: pytest.FixtureRequest, fuseguard_worker: Any, compil
     "batch,seq<=64") unless the command line gave --dynamic, `draws` unless it gave --draws."""
     from dataclasses import replace
 
-    from compiler.dynamic import parse_dynamic
+    from fuseguard.compiler.dynamic import parse_dynamic
 
     from .dynamic import verify_dynamic_in_worker
     from .options import PYTEST_PREFIX, compile_options as parsed, getter
@@ -197,7 +197,7 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
     """gate(source) -> GateResult: time a model against its baseline; fails the test on a real slowdown."""
     import warnings
 
-    from compiler.target import cuda_device_present
+    from fuseguard.compiler.target import cuda_device_present
 
     from .gate import Gate, Verdict
     from .latency import BASELINE_DIR, baseline_path, gate_model
@@ -263,8 +263,8 @@ def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
     """source -> ABResult against `rev`'s compiler (verify/ab.py); the base tree is materialised once."""
     import tempfile
 
-    from compiler.plugins import env_for
-    from compiler.target import host_cores
+    from fuseguard.compiler.plugins import env_for
+    from fuseguard.compiler.target import host_cores
 
     from . import ab
     from .timing import timing_env
@@ -290,8 +290,8 @@ def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
 def fusion_pays(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any, gpu_arch: str | None):
     """check(source) -> PaysResult: fused vs unfused of the same model, same run, fresh processes; fails the
     test when fusion makes the model slower beyond 5% (verify/pays.py). Needs no stored baseline."""
-    from compiler.plugins import env_for
-    from compiler.target import cuda_device_present, host_cores
+    from fuseguard.compiler.plugins import env_for
+    from fuseguard.compiler.target import cuda_device_present, host_cores
 
     from .pays import check_fusion_pays
     from .timing import timing_env

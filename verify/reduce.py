@@ -55,8 +55,8 @@ def signature_of(kind: str, type_name: str, message: str, config: str, model_nam
 
 def check_build(path: str, shapes: Mapping[str, Sequence[int]] | None, options: Any, fused_only: bool) -> dict | None:
     """Worker task: build `path` fused (then unfused unless `fused_only`); the first failure as a dict, or None."""
-    from compiler.pipeline import compile_model
-    from compiler.plugins import load_env_plugins
+    from fuseguard.compiler.pipeline import compile_model
+    from fuseguard.compiler.plugins import load_env_plugins
 
     load_env_plugins()
     configs = [("fused", options)] + ([] if fused_only or not options.fusion else [("unfused", options.unfused())])
@@ -214,7 +214,7 @@ def reduce_model(source: Any, worker: Any, *, options: Any, shapes: Mapping[str,
                  fused_only: bool = False, out_dir: str | Path = "reduced", timeout: float = DEFAULT_CHECK_TIMEOUT_S,
                  progress: Callable[[str], None] = print) -> ReduceResult:
     """Find the original failure, shrink the model keeping it, write `out_dir/reduced.onnx` and confirm it."""
-    from compiler.onnx_loader import load
+    from fuseguard.compiler.onnx_loader import load
 
     from .core import SuiteSpec
 
@@ -237,7 +237,7 @@ def _reduce(loaded: Any, work: Path, worker: Any, *, options: Any, fused_only: b
 
     def run(path: Path) -> Signature | None:
         try:
-            got = worker.call("verify.reduce:check_build", what=f"building a candidate of {label}", timeout=timeout,
+            got = worker.call("fuseguard.verify.reduce:check_build", what=f"building a candidate of {label}", timeout=timeout,
                               path=str(path), shapes=None, options=options, fused_only=fused_only)
         except WorkerFailure as err:
             text = str(err)

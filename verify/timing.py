@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.errors import UsageError
+from fuseguard.compiler.errors import UsageError
 
 TUKEY_K = 1.5
 MIN_CLEAN = 5
@@ -264,7 +264,7 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[
     whole fused model 1331 vs 766 us. Profiled without spinning, `tune` would have split attention back
     while the whole model ran 4.5% faster with it (interleaved in one process, 3 runs)."""
     if threads is None:
-        from compiler.hostcpu import usable_cores
+        from fuseguard.compiler.hostcpu import usable_cores
 
         threads = usable_cores()
     return {**(NO_SPIN_ENV if against_ort else {}), "TVM_NUM_THREADS": str(threads)}

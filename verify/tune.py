@@ -44,7 +44,7 @@ class TuneResult:
 
 def measured_verdicts(groups: Sequence[Any], model: str, when: str) -> dict[str, Any]:
     """Per decision key (summed over the groups that share it): fuse unless slower beyond the margin."""
-    from compiler.decisions import Measured
+    from fuseguard.compiler.decisions import Measured
 
     sums: dict[str, list[float]] = {}
     names: dict[str, str] = {}
@@ -67,9 +67,9 @@ def measured_verdicts(groups: Sequence[Any], model: str, when: str) -> dict[str,
 def tune_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
                threads: int | None = None, repeats: int = 20, db: str | None = None) -> TuneResult:
     """Profile with estimates only, then write each group shape's measured verdict into the database."""
-    from compiler import decisions
-    from compiler.pipeline import CompileOptions
-    from compiler.target import resolve
+    from fuseguard.compiler import decisions
+    from fuseguard.compiler.pipeline import CompileOptions
+    from fuseguard.compiler.target import resolve
 
     from .atomic import update_json
     from .profile import profile_model
@@ -78,7 +78,7 @@ def tune_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None
     path = decisions.db_path(resolve(options.gpu_arch, options.mcpu).class_id,
                              db if db is not None else options.decision_db)
     if path is None:
-        from compiler.errors import UsageError
+        from fuseguard.compiler.errors import UsageError
 
         raise UsageError("fuseguard tune: the decision database is switched off (FUSEGUARD_DECISION_DB='')")
     profile = profile_model(source, shapes=shapes, options=replace(options, decision_db=""), threads=threads,

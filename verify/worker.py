@@ -54,7 +54,7 @@ __all__ = [
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[1]); "
-              "from verify.worker import _child_main; _child_main(int(sys.argv[2]))")
+              "from fuseguard.verify.worker import _child_main; _child_main(int(sys.argv[2]))")
 _TAIL_LINES = 40
 _TAIL_BYTES = 16 * 1024
 _LOG_TRUNCATE_BYTES = 4 * 1024 * 1024
@@ -455,7 +455,7 @@ def _rebuild_error(info: dict[str, Any], what: str) -> Exception:
     if info["fuseguard_class"] is not None:
         module, qualname = info["fuseguard_class"]
         try:
-            from compiler.errors import FuseguardError
+            from fuseguard.compiler.errors import FuseguardError
 
             cls: Any = importlib.import_module(module)
             for part in qualname.split("."):
@@ -572,7 +572,7 @@ def _describe(exc: BaseException) -> dict[str, Any]:
         message = str(exc)
     except Exception:
         message = "<exception message could not be formatted>"
-    is_fuseguard = any(c.__module__ == "compiler.errors" and c.__qualname__ == "FuseguardError" for c in cls.__mro__)
+    is_fuseguard = any(c.__module__ in ("fuseguard.compiler.errors", "compiler.errors") and c.__qualname__ == "FuseguardError" for c in cls.__mro__)
     return {
         "type_name": type_name,
         "message": message,

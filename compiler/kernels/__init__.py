@@ -1,6 +1,6 @@
 """Hand-written TIR kernels that replace whole subgraphs the generic fusion path handles badly."""
 
-from compiler.kernels.attention import (
+from .attention import (
     CPU_DEFAULT_SCRATCH_BYTES,
     CUDA_DEFAULT_SHARED_BYTES,
     allocated_buffers,

@@ -182,7 +182,7 @@ def fill_weights(model: onnx.ModelProto, seed: int, *, peaked: bool = False,
 
 
 def _calibrate_batchnorm(model: onnx.ModelProto, rng: np.random.Generator) -> onnx.ModelProto:
-    from suites.light import batchnorm_statistics
+    from fuseguard.suites.light import batchnorm_statistics
 
     graph = model.graph
     (data,) = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from suites.zoo import ZOO_DIR, strip_weights
+from fuseguard.suites.zoo import ZOO_DIR, strip_weights
 
 SEQ = 64
 VOCAB = 1000

@@ -3,7 +3,7 @@ GELU, imported as erf or nn.gelu) fails to build. Only the fused build has compo
 
 from tvm import relax
 
-from compiler.pipeline import register_pass
+from fuseguard.compiler.pipeline import register_pass
 
 
 def _calls_erf(func: relax.Function) -> bool:

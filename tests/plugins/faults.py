@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler import pipeline
-from compiler.errors import CompileError
+from fuseguard.compiler import pipeline
+from fuseguard.compiler.errors import CompileError
 
 _compile_relax = pipeline.compile_relax
 _run = pipeline.CompiledModel.run

@@ -10,7 +10,7 @@ unfused build in the same precision) is what catches it.
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from compiler.pipeline import register_pass
+from fuseguard.compiler.pipeline import register_pass
 
 _a, _b = wildcard(), wildcard()
 _pattern = is_op("relax.matmul")(_a, _b)

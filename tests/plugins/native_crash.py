@@ -7,7 +7,7 @@ import time
 
 from tvm import relax
 
-from compiler.pipeline import register_pass
+from fuseguard.compiler.pipeline import register_pass
 
 
 def crash_on_conv(mod):

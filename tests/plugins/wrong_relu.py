@@ -7,7 +7,7 @@ and the verifier must report the fused side as mismatching.
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from compiler.pipeline import register_pass
+from fuseguard.compiler.pipeline import register_pass
 
 
 def relu_to_sigmoid_in_fused_convs(mod):

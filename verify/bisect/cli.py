@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compiler.errors import UsageError
+from fuseguard.compiler.errors import UsageError
 
 from .results import EXIT_UNTESTABLE
 
@@ -41,8 +41,8 @@ def run_bisect(args: argparse.Namespace) -> int:
     """Run `fuseguard bisect`; returns the exit code (0 no drift, 1 drift, 125 untestable)."""
     from rich.console import Console
 
-    from compiler.onnx_loader import parse_shape_spec
-    from compiler.plugins import load_plugins
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.plugins import load_plugins
 
     from ..core import SuiteSpec, dim_overrides, resolve_model_arg
     from ..options import compile_options, getter
@@ -56,14 +56,14 @@ def run_bisect(args: argparse.Namespace) -> int:
     if isinstance(source, SuiteSpec) and shapes:
         raise UsageError("--shape needs a MODEL.onnx (a built-in suite model pins its own shapes)")
     # In a worker: a native crash or hang in TVM at this commit is "cannot test" (125), not a dead bisect.
-    from compiler.plugins import env_for
+    from fuseguard.compiler.plugins import env_for
 
     from ..worker import Worker, WorkerFailure, WorkerTaskError
 
     label = source.label if isinstance(source, SuiteSpec) else str(source)
     with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
         try:
-            result = worker.call("verify.bisect.search:bisect_model", what=f"bisecting {label}", timeout=args.timeout,
+            result = worker.call("fuseguard.verify.bisect.search:bisect_model", what=f"bisecting {label}", timeout=args.timeout,
                                  source=source, shapes=shapes or None, options=options, inputs=args.inputs,
                                  seed=args.seed, tolerances=tolerances, out_dir=args.out,
                                  confirm=not args.no_confirm, default_dim=args.default_dim,

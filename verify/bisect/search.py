@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compiler.errors import FuseguardError, UsageError
+from fuseguard.compiler.errors import FuseguardError, UsageError
 
 from ..compare import CompareResult, OutputCompareResult, Tolerance, Tolerances, compare_outputs
 from .graph import OnnxGraph, close, compare_one, expose, extract, max_abs, stem, tolerance_for
 from .results import BLAME_FUSION, BLAME_LOWERING, BisectResult, Culprit, Reproducer
 
 if TYPE_CHECKING:
-    from compiler.capture import Alignment, CaptureManifest, CapturedKernel
-    from compiler.onnx_loader import LoadedModel
-    from compiler.pipeline import CompileOptions, CompiledModel
+    from fuseguard.compiler.capture import Alignment, CaptureManifest, CapturedKernel
+    from fuseguard.compiler.onnx_loader import LoadedModel
+    from fuseguard.compiler.pipeline import CompileOptions, CompiledModel
 
 
 def _anchors(build: "_Build") -> dict[str, str]:
@@ -30,7 +30,7 @@ def _anchors(build: "_Build") -> dict[str, str]:
     Only for functions called once: FuseOps/FuseTIR merge structurally identical groups into one
     function, and the report then repeats that function's first anchor for every call.
     """
-    from compiler.capture import node_index
+    from fuseguard.compiler.capture import node_index
 
     calls: dict[str, list[str]] = {}
     for k in build.manifest.kernels:
@@ -70,8 +70,8 @@ class _Bisector:
         self.result.timings[label] = self.result.timings.get(label, 0.0) + time.perf_counter() - start
 
     def build(self, options: "CompileOptions", label: str) -> _Build:
-        from compiler.capture import CapturePass
-        from compiler.pipeline import compile_model
+        from fuseguard.compiler.capture import CapturePass
+        from fuseguard.compiler.pipeline import compile_model
 
         capture = CapturePass()
         opts = dataclasses.replace(options, extra_passes=tuple(options.extra_passes) + (("after_tir_fusion", capture),))
@@ -87,7 +87,7 @@ class _Bisector:
 
     def onnx_tensors(self, manifest: "CaptureManifest") -> dict[str, str]:
         """Capture key -> the ONNX tensor it holds (model inputs, tagged node outputs, model outputs)."""
-        from compiler.capture import node_index
+        from fuseguard.compiler.capture import node_index
 
         out: dict[str, str] = dict(zip(manifest.params, self.loaded.input_shapes))
         folded = self.options.bn_folding
@@ -102,14 +102,14 @@ class _Bisector:
         return out
 
     def node_names(self, keys: Sequence[str]) -> tuple[list[str], list[str]]:
-        from compiler.capture import node_indices
+        from fuseguard.compiler.capture import node_indices
 
         idx = sorted({i for k in keys for i in node_indices(k) if i < len(self.graph.nodes)})
         return [self.graph.nodes[i].name for i in idx], [self.graph.nodes[i].op_type for i in idx]
 
     def run(self) -> BisectResult:
-        from compiler.capture import align
-        from compiler.target import cuda_device_present, resolve
+        from fuseguard.compiler.capture import align
+        from fuseguard.compiler.target import cuda_device_present, resolve
 
         from ..core import run_onnxruntime
 
@@ -188,7 +188,7 @@ class _Bisector:
 
     def _lowering_culprit(self, unfused: _Build, u2onnx: Mapping[str, str],
                           reference: Mapping[str, np.ndarray]) -> Culprit | None:
-        from compiler.capture import upstream
+        from fuseguard.compiler.capture import upstream
 
         agree: set[str] = set(unfused.manifest.params)
         keys = unfused.manifest.by_key()
@@ -219,8 +219,8 @@ class _Bisector:
 
     def _onnx_order_culprit(self, reference: Mapping[str, np.ndarray]) -> Culprit | None:
         """Bisect node order: the first prefix whose live tensors drift (unfused build vs ORT) ends at the culprit."""
-        from compiler.onnx_loader import load
-        from compiler.cache import compile_cached
+        from fuseguard.compiler.onnx_loader import load
+        from fuseguard.compiler.cache import compile_cached
 
         from ..core import run_onnxruntime
 
@@ -387,9 +387,9 @@ def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     capture for import/lowering blame and bisects ONNX node order instead. The reproducer is written
     to `out_dir`; `confirm` re-verifies it (two more builds).
     """
-    from compiler.importer import fold_shape_computations, import_model
-    from compiler.onnx_loader import LoadedModel, load
-    from compiler.pipeline import CompileOptions
+    from fuseguard.compiler.importer import fold_shape_computations, import_model
+    from fuseguard.compiler.onnx_loader import LoadedModel, load
+    from fuseguard.compiler.pipeline import CompileOptions
 
     from ..core import SuiteSpec
     from ..inputs import load_npz, make_inputs
@@ -399,7 +399,7 @@ def bisect_model(source: Any, shapes: Mapping[str, Sequence[int]] | None = None,
     options = options or CompileOptions()
     if not options.fusion:
         raise UsageError("bisect compares the fused build with the unfused one: fusion must be on")
-    from compiler.plugins import load_env_plugins
+    from fuseguard.compiler.plugins import load_env_plugins
 
     load_env_plugins()
     if isinstance(source, SuiteSpec):
