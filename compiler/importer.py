@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-from . import tags
+from . import onnx_attention, tags
 from .dynamic import DynamicDim, check_names, symbolic_shapes
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
@@ -221,7 +221,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
     - `Clip` with constant bounds: the stock converter emits opaque TE calls that no pattern can see;
       `relax.op.clip` keeps ReLU6 / HardSwish / HardSigmoid recognisable.
     - ONNX semantics the stock converters get wrong (the node conformance suite, `fuseguard conformance`):
-      LayerNormalization's Mean/InvStdDev outputs, Expand's two-way broadcast, IsInf's detect_* flags.
+      LayerNormalization's Mean/InvStdDev outputs, Expand's two-way broadcast, IsInf's detect_* flags;
+      ONNX's own Attention op (opset 23+; TVM maps the name to Microsoft's contrib op), compiler/onnx_attention.py.
     """
     if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
         training = inputs[2] if len(inputs) > 2 else None
@@ -230,6 +231,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
         if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
             return relax.Tuple([inputs[0]])
         return relax.Tuple([inputs[0], relax.op.ones_like(inputs[0], dtype="bool")])
+    if op_name == "Attention" and onnx_attention.is_onnx_attention(attrs) and len(inputs) >= 3:
+        return onnx_attention.convert(inputs, attrs)
     if op_name == "LayerNormalization" and attrs.get("tvm_custom", {}).get("num_outputs", 1) > 1:
         return _layer_norm_with_stats(inputs, attrs)
     if op_name == "Expand" and len(inputs) == 2:

@@ -64,6 +64,7 @@ from . import cost, decisions, hostcpu, patterns, progress, report, settings
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
+from .legalize_fixes import legalize_map as fixes_legalize_map
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
@@ -523,9 +524,10 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     if spec.is_gpu:   # grouped convs as batched GEMMs dlight's Matmul rule schedules (compiler/gpu_legalize.py)
         from .gpu_legalize import legalize_map
 
-        legalize = T.LegalizeOps(customize_legalize_map={**legalize_map(), **qdq_legalize_map()})
+        legalize = T.LegalizeOps(customize_legalize_map={**fixes_legalize_map(), **legalize_map(), **qdq_legalize_map()})
     else:       # the blocked convs of step 4c to their own computes (compiler/layout.py)
-        legalize = T.LegalizeOps(customize_legalize_map={**layout_legalize_map(), **qdq_legalize_map()})
+        legalize = T.LegalizeOps(customize_legalize_map={**fixes_legalize_map(), **layout_legalize_map(),
+                                                          **qdq_legalize_map()})
     # cumsum/cumprod, sort/argsort/topk and sampling have no LegalizeOps rule: TVM's backends dispatch them to
     # their TE/TIR kernels first (a RoBERTa export's position ids, CumSum, reached codegen as R.cumsum)
     dispatch = [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]

@@ -14,12 +14,6 @@ from fuseguard.verify.conformance import case_names, run_in_worker
 
 #: Wrong where ONNX Runtime is right, with the reason (measured with `fuseguard conformance`).
 KNOWN_WRONG = {
-    # fully masked rows in the expanded (decomposed) Attention functions: NaN where ONNX says 0
-    **{f"test_attention_{n}_expanded": "fully masked attention row gives NaN (softmax of all -inf)" for n in (
-        "23_boolmask_fullymasked_row_nan_robustness", "23_fullymasked_qk_matmul_output_mode3_zero",
-        "24_fullymasked_qk_matmul_output_mode3_zero", "24_qk_matmul_output_mode3_softmax_precision",
-        "4d_causal_nonpad_negative_offset_structural_empty", "causal_boolmask_nan_robustness",
-        "local_window_gqa_rank4_mask")},
     "test_batchnorm_epsilon_training_mode": "BatchNormalization ignores training_mode",
     "test_batchnorm_example_training_mode": "BatchNormalization ignores training_mode",
     "test_bitshift_left_int32_negative_shift": "BitShift edge cases (TVM lowering)",

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
@@ -271,6 +272,7 @@ def _cpu_primfunc(
     DR = 4 if D % 4 == 0 else (2 if D % 2 == 0 else 1)
     NQB, NKB = (Sq + Bq - 1) // Bq, (Sk + Bk - 1) // Bk      # ints, or PrimExprs for symbolic seqs
     NEG, SCALE = _NEG, float(scale)
+    NEG_INF, LOWEST = float("-inf"), float(np.finfo(np.float32).min)
     has_mask = mask_shape is not None
     per_row_mask = has_mask and len(mask_shape) >= 2 and not _is_one(mask_shape[-2])
 
@@ -301,14 +303,14 @@ def _cpu_primfunc(
             for i, d in T.grid(Bq, D):
                 qT[d, i] = T.if_then_else(q0 + i < Sq, T.Cast("float32", Q[b, h, q0 + i, d]) * T.float32(SCALE), T.float32(0))
             for i in T.vectorized(Bq):
-                m[i] = T.float32(NEG)
+                m[i] = T.float32(NEG_INF)
                 lsum[i] = T.float32(0)
             for d in range(D):
                 for i in T.vectorized(Bq):
                     accT[d, i] = T.float32(0)
             for kb in range(NKB):
                 k0: T.let = kb * Bk
-                # S^T[j, i] = K[j, :] . (scale Q[i, :]) + mask; rows past Sk get NEG (p = 0).
+                # S^T[j, i] = K[j, :] . (scale Q[i, :]) + mask; rows past Sk get -inf (p = 0).
                 for j0, i0 in T.grid(Bk // JR, Bq // IL):
                     for jr in T.unroll(JR):
                         for il in T.vectorized(IL):
@@ -322,7 +324,7 @@ def _cpu_primfunc(
                             sT[j0 * JR + jr, i0 * IL + il] = T.Select(
                                 k0 + j0 * JR + jr < Sk,
                                 c[jr, il] + bias(M, b, h, q0 + i0 * IL + il, k0 + j0 * JR + jr),
-                                T.float32(NEG),
+                                T.float32(NEG_INF),
                             )
                 # Online softmax, vectorised over query rows.
                 for i0 in range(Bq // IL):
@@ -332,8 +334,14 @@ def _cpu_primfunc(
                         for il in T.vectorized(IL):
                             mn[i0 * IL + il] = T.max(mn[i0 * IL + il], sT[j, i0 * IL + il])
                     for il in T.vectorized(IL):
-                        corr[i0 * IL + il] = _fast_exp(m[i0 * IL + il] - mn[i0 * IL + il])
+                        # subtract the running max, or 0 while it is still -inf (no finite score yet):
+                        # -inf - -inf would be NaN, and a row whose scores are all finfo.min (HF's
+                        # mask value) is an ordinary row, not an empty one, as in an unfused softmax
+                        corr[i0 * IL + il] = _fast_exp(m[i0 * IL + il] - T.Select(
+                            mn[i0 * IL + il] < T.float32(LOWEST), T.float32(0), mn[i0 * IL + il]))
                         m[i0 * IL + il] = mn[i0 * IL + il]
+                        mn[i0 * IL + il] = T.Select(mn[i0 * IL + il] < T.float32(LOWEST), T.float32(0),
+                                                    mn[i0 * IL + il])
                         lsum[i0 * IL + il] = lsum[i0 * IL + il] * corr[i0 * IL + il]
                     for j in range(Bk):
                         for il in T.vectorized(IL):
