@@ -60,9 +60,11 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
             own = self._own_dir(top)
             if own is None:
                 return None
-            if found is not None and found.submodule_search_locations is not None:
-                if Path(list(found.submodule_search_locations)[0]).resolve() != own:
-                    return None                       # another tree's folder: load that one as itself
+            if found is not None:
+                locations = list(found.submodule_search_locations or [])
+                if not locations or Path(locations[0]).resolve() != own:
+                    return None                       # another tree's folder, or a module of that name
+                    #                                   (someone else's): load that one as itself
         else:
             parent = sys.modules.get(top)
             if parent is None or not parent.__name__.startswith("fuseguard."):

@@ -65,6 +65,12 @@ def test_old_names_alias_the_installed_modules_and_never_shadow_another_tree(tmp
     base = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(other.parent)!r}); " + code],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert base.stdout.split() == ["False", "base", "tree"], base.stderr
+    module = tmp_path / "single"
+    module.mkdir()
+    (module / "compiler.py").write_text("WHERE = 'someone else'\n")      # another project's module
+    other_module = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(module)!r}); " + code],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert other_module.stdout.split() == ["False", "someone", "else"], other_module.stderr
 
 
 def test_no_fusion_makes_the_wrong_fusion_disappear() -> None:
