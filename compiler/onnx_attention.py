@@ -39,21 +39,23 @@ def _split_heads(x: relax.Expr, heads: int, dims: list[int]) -> relax.Expr:
     return relax.op.permute_dims(relax.op.reshape(x, (b, s, heads, hidden // heads)), [0, 2, 1, 3])
 
 
-def convert(inputs: list, attrs: dict) -> relax.Expr | None:
-    """The converted node as a tuple of its outputs (Y, present_key, present_value, qk_matmul_output),
-    or None when a shape is not static (the caller then says the node cannot be imported)."""
+def convert(inputs: list, attrs: dict) -> relax.Expr:
+    """The converted node as a tuple of its outputs (Y, present_key, present_value, qk_matmul_output).
+    Raises ValueError for what it cannot convert (the importer names the node in its one-line error)."""
     q, k, v = inputs[0], inputs[1], inputs[2]
     mask, past_k, past_v = (inputs[i] if len(inputs) > i else None for i in (3, 4, 5))
     nonpad = inputs[6] if len(inputs) > 6 else None
     q_dims, k_dims, v_dims = static_dims(q), static_dims(k), static_dims(v)
-    if q_dims is None or k_dims is None or v_dims is None or len(q_dims) != len(k_dims) or len(q_dims) not in (3, 4):
-        return None
+    if q_dims is None or k_dims is None or v_dims is None:
+        raise ValueError("Q, K and V need static shapes (symbolic dims are not supported for this op yet)")
+    if len(q_dims) != len(k_dims) or len(q_dims) not in (3, 4):
+        raise ValueError(f"Q and K must both be 3D or 4D, got ranks {len(q_dims)} and {len(k_dims)}")
     dtype = str(q.ty.dtype)
     three_d = len(q_dims) == 3
     if three_d:
         qh, kvh = int(attrs.get("q_num_heads", 0)), int(attrs.get("kv_num_heads", 0))
         if not qh or not kvh:
-            return None
+            raise ValueError("3D inputs need the q_num_heads and kv_num_heads attributes")
         q, k, v = _split_heads(q, qh, q_dims), _split_heads(k, kvh, k_dims), _split_heads(v, kvh, v_dims)
         q_dims = [q_dims[0], qh, q_dims[1], q_dims[2] // qh]
         k_dims = [k_dims[0], kvh, k_dims[1], k_dims[2] // kvh]
@@ -68,7 +70,7 @@ def convert(inputs: list, attrs: dict) -> relax.Expr | None:
     if past_k is not None and past_v is not None:
         pk = static_dims(past_k)
         if pk is None:
-            return None
+            raise ValueError("past_key needs a static shape")
         past_len = pk[2]
         k, v = relax.op.concat([past_k, k], axis=2), relax.op.concat([past_v, v], axis=2)
     present_k, present_v = k, v
@@ -79,7 +81,7 @@ def convert(inputs: list, attrs: dict) -> relax.Expr | None:
     if mask is not None:
         m_dims = static_dims(mask)
         if m_dims is None:
-            return None
+            raise ValueError("attn_mask needs a static shape")
         is_bool = str(mask.ty.dtype) == "bool"
         if is_bool:
             mask = relax.op.where(mask, _const(0.0, dtype), _const(-np.inf, dtype))

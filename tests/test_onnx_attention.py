@@ -104,3 +104,14 @@ def test_becomes_the_tiled_attention_kernel(three_d: bool) -> None:
     assert [g.pattern for g in compiled.report.groups].count("attention") == 1, compiled.report.groups
     np.testing.assert_allclose(compiled.run(feeds)[0], ReferenceEvaluator(model).run(None, feeds)[0],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_what_it_cannot_convert_is_one_line_naming_the_node() -> None:
+    from fuseguard.compiler.errors import FuseguardError
+
+    inputs = {"Q": (F, [B, S, H * D]), "K": (F, [B, S, H * D]), "V": (F, [B, S, H * D])}
+    model = _model(23, inputs, {"Y": [B, S, H * D]})                 # 3D without q_num_heads / kv_num_heads
+    with pytest.raises(FuseguardError) as err:
+        compile_model(model, {n: s for n, (_, s) in inputs.items()})
+    message = str(err.value)
+    assert "Attention" in message and "q_num_heads and kv_num_heads" in message and "\n" not in message
