@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-from . import onnx_attention, tags
+from . import onnx_attention, onnx_ops, tags
 from .dynamic import DynamicDim, check_names, symbolic_shapes
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
@@ -54,9 +54,12 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         # The stock method normalises the converter's result, which binds multi-output ops (BatchNorm's
         # tuple) to anonymous vars; tag first, then normalise (same converter lookup as the original).
         convert_map = _frontend._get_convert_map()
-        if op_name not in convert_map:
+        if op_name in onnx_ops.CONVERTERS and op_name not in convert_map:
+            sym = onnx_ops.CONVERTERS[op_name](inputs, attrs)        # an op TVM has no converter for
+        elif op_name not in convert_map:
             raise UnsupportedOperatorError(f"unsupported operator {op_name}")
-        sym = _fuseguard_converter(op_name, inputs, attrs)
+        else:
+            sym = _fuseguard_converter(op_name, inputs, attrs)
         if sym is None and op_name == "Gather" and len(inputs) == 2 and \
                 attrs.get("tvm_custom", {}).get("name", "") in self._shape_ok:
             sym = _gather_shape(inputs, attrs)
@@ -67,6 +70,14 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         if index is not None and isinstance(sym, relax.Expr):
             sym = self._tag(sym, tags.tag(index, op_name), [])
         return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+
+    def _check_for_unsupported_ops(self, graph) -> None:  # noqa: ANN001 - frontend signature
+        """The stock check, knowing fuseguard's own converters (compiler/onnx_ops.py)."""
+        unknown = {n.op_type for n in graph.node} - set(_frontend._get_convert_map()) - set(onnx_ops.CONVERTERS) \
+            - {"If", "Constant"}
+        if unknown:
+            raise tvm.error.OpNotImplemented("The following operators are not supported for frontend ONNX: "
+                                             + ", ".join(sorted(unknown)))
 
     def _tag(self, expr: relax.Expr, name: str, done: list[tuple[relax.Expr, relax.Var]]) -> relax.Expr:
         """Bind operator calls (and tuple items of multi-output ops) to vars carrying the node tag."""
@@ -223,6 +234,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
     - ONNX semantics the stock converters get wrong (the node conformance suite, `fuseguard conformance`):
       LayerNormalization's Mean/InvStdDev outputs, Expand's two-way broadcast, IsInf's detect_* flags;
       ONNX's own Attention op (opset 23+; TVM maps the name to Microsoft's contrib op), compiler/onnx_attention.py.
+    Ops TVM has no converter for at all (RotaryEmbedding, Swish, SwiGLU, Celu, LpNormalization, CumProd) are
+    in compiler/onnx_ops.py, called from `_TracingImporter._convert_operator`.
     """
     if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
         training = inputs[2] if len(inputs) > 2 else None

@@ -17,7 +17,9 @@ def supported_ops() -> set[str]:
     """ONNX operators TVM's frontend converts (importing TVM: called only when a model is checked)."""
     from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-    return set(_frontend._get_convert_map()) | {"If", "Constant"}
+    from .onnx_ops import CONVERTERS
+
+    return set(_frontend._get_convert_map()) | {"If", "Constant"} | set(CONVERTERS)
 
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
