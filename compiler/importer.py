@@ -54,10 +54,14 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         # The stock method normalises the converter's result, which binds multi-output ops (BatchNorm's
         # tuple) to anonymous vars; tag first, then normalise (same converter lookup as the original).
         convert_map = _frontend._get_convert_map()
-        if op_name in onnx_ops.CONVERTERS and op_name not in convert_map:
+        if op_name in onnx_ops.BUILDER_CONVERTERS and op_name not in convert_map:
+            sym = onnx_ops.BUILDER_CONVERTERS[op_name](self.bb, inputs, attrs)
+        elif op_name in onnx_ops.CONVERTERS and op_name not in convert_map:
             sym = onnx_ops.CONVERTERS[op_name](inputs, attrs)        # an op TVM has no converter for
         elif op_name not in convert_map:
             raise UnsupportedOperatorError(f"unsupported operator {op_name}")
+        elif op_name in onnx_ops.OVERRIDES:
+            sym = onnx_ops.OVERRIDES[op_name](inputs, attrs)         # None: TVM's converter below
         else:
             sym = _fuseguard_converter(op_name, inputs, attrs)
         if sym is None and op_name == "Gather" and len(inputs) == 2 and \
@@ -74,7 +78,7 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
     def _check_for_unsupported_ops(self, graph) -> None:  # noqa: ANN001 - frontend signature
         """The stock check, knowing fuseguard's own converters (compiler/onnx_ops.py)."""
         unknown = {n.op_type for n in graph.node} - set(_frontend._get_convert_map()) - set(onnx_ops.CONVERTERS) \
-            - {"If", "Constant"}
+            - set(onnx_ops.BUILDER_CONVERTERS) - {"If", "Constant"}
         if unknown:
             raise tvm.error.OpNotImplemented("The following operators are not supported for frontend ONNX: "
                                              + ", ".join(sorted(unknown)))

@@ -3,7 +3,10 @@ onnx/reference/ops). `CONVERTERS` maps the op type to `convert(inputs, attrs) ->
 raises ValueError for what it cannot convert, and the importer names the node in its one-line error.
 
 RotaryEmbedding (opset 23) is what LLM exports carry; Swish, SwiGLU (24) and Celu are activations;
-LpNormalization a reduction; CumProd TVM has a Relax op for but no converter.
+LpNormalization a reduction; CumProd TVM has a Relax op for but no converter; QLinearMatMul the int8 matmul
+of ONNX Runtime's quantiser (QOperator format); the window functions of audio front ends (their size a
+constant); BitCast. `OVERRIDES` replace TVM's converter where it is wrong or cannot compile (Cosh/Sinh: no
+LLVM intrinsic; RMSNormalization over every axis: fails in FoldConstant).
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from tvm import relax
+import onnx
+from tvm import relax, te, tirx
 
 from .passes import static_dims
 
 
-def _scalar(value: float, like: relax.Expr) -> relax.Expr:
-    dtype = str(like.ty.dtype)
+def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:
+    """A scalar constant of `like`'s dtype (a normalised expression's, or the dtype itself: an expression
+    just built is not normalised and has no dtype yet)."""
+    dtype = like if isinstance(like, str) else str(like.ty.dtype)
     if dtype == "bfloat16":
         return relax.op.astype(relax.const(np.float32(value)), dtype)
     return relax.const(np.asarray(value, dtype=dtype), dtype)
@@ -116,6 +122,98 @@ def cumprod(inputs: list, attrs: dict) -> relax.Expr:
     return relax.op.flip(out, axis) if reverse else out
 
 
+def _window(kind: str) -> Callable[[list, dict], relax.Expr]:
+    def convert(inputs: list, attrs: dict) -> relax.Expr:
+        size = _const_int(inputs[0], "size")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(int(attrs.get("output_datatype", onnx.TensorProto.FLOAT)))
+        n = np.arange(size, dtype=np.float64)
+        period = size if int(attrs.get("periodic", 1)) == 1 else size - 1
+        if kind == "hann":
+            w = np.sin(n * np.pi / period) ** 2
+        elif kind == "hamming":
+            alpha = 25.0 / 46.0
+            w = alpha - np.cos(n * np.pi * 2 / period) * (1 - alpha)
+        else:
+            w = 0.42 - 0.5 * np.cos(n * np.pi * 2 / period) + 0.08 * np.cos(n * np.pi * 4 / period)
+        return relax.const(w.astype(dtype), np.dtype(dtype).name)
+    return convert
+
+
+def _round_half_even(x: relax.Expr, dtype: str) -> relax.Expr:
+    """np.rint in Relax ops (relax.round rounds ties away from zero)."""
+    f = relax.op.floor(relax.op.add(x, _scalar(0.5, dtype)))
+    tie = relax.op.equal(relax.op.subtract(f, x), _scalar(0.5, dtype))
+    odd = relax.op.equal(relax.op.floor_mod(f, _scalar(2.0, dtype)), _scalar(1.0, dtype))
+    return relax.op.where(relax.op.logical_and(tie, odd), relax.op.subtract(f, _scalar(1.0, dtype)), f)
+
+
+def qlinear_matmul(inputs: list, attrs: dict) -> relax.Expr:
+    """As ONNX's reference: the int32 product of the zero-point-shifted operands, times
+    a_scale * b_scale / y_scale (in the scales' type), in float64; plus y's zero point, rounded half to
+    even and saturated."""
+    a, sa, za, b, sb, zb, sy, zy = (inputs[i] if len(inputs) > i else None for i in range(8))
+
+    def shifted(q: relax.Expr, zero: relax.Expr | None) -> relax.Expr:
+        q32 = relax.op.astype(q, "int32")
+        return q32 if zero is None else relax.op.subtract(q32, relax.op.astype(zero, "int32"))
+
+    product = relax.op.matmul(shifted(a, za), shifted(b, zb), out_dtype="int32")
+    multiplier = relax.op.divide(relax.op.multiply(sa, sb), sy)
+    d = relax.op.multiply(relax.op.astype(product, "float64"), relax.op.astype(multiplier, "float64"))
+    out_dtype = str((zy if zy is not None else a).ty.dtype)
+    if zy is not None:
+        d = relax.op.add(d, relax.op.astype(zy, "float64"))
+    info = np.iinfo(out_dtype)
+    clipped = relax.op.clip(_round_half_even(d, "float64"), float(info.min), float(info.max))
+    return relax.op.astype(clipped, out_dtype)
+
+
+def cosh_sinh(kind: str) -> Callable[[list, dict], relax.Expr]:
+    def convert(inputs: list, attrs: dict) -> relax.Expr:
+        x = inputs[0]
+        e, inv = relax.op.exp(x), relax.op.exp(relax.op.negative(x))
+        both = relax.op.add(e, inv) if kind == "cosh" else relax.op.subtract(e, inv)
+        return relax.op.multiply(both, _scalar(0.5, x))
+    return convert
+
+
+def rms_normalization(inputs: list, attrs: dict) -> relax.Expr | None:
+    """Over every axis (axis 0): TVM's rms_norm then fails in FoldConstant; written out as the reference
+    does (mean of squares in stash_type float32, then the scale). Other axes: TVM's converter (None)."""
+    x, scale = inputs[0], inputs[1]
+    dims = static_dims(x)
+    if dims is None or int(attrs.get("axis", -1)) % len(dims) != 0:
+        return None
+    dtype = str(x.ty.dtype)
+    x32 = relax.op.astype(x, "float32") if dtype != "float32" else x
+    axes = list(range(len(dims)))
+    mean = relax.op.mean(relax.op.multiply(x32, x32), axes, keepdims=True)
+    eps = relax.const(np.float32(attrs.get("epsilon", 1e-5)))
+    y = relax.op.divide(x32, relax.op.sqrt(relax.op.add(mean, eps)))
+    y = relax.op.astype(y, dtype) if dtype != "float32" else y
+    return relax.op.multiply(y, scale)
+
+
+def bitcast(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr:
+    x = inputs[0]
+    target = onnx.helper.tensor_dtype_to_np_dtype(int(attrs["to"])).name
+    source = str(x.ty.dtype)
+    if np.dtype(source if source != "bool" else "bool").itemsize != np.dtype(target).itemsize:
+        raise ValueError(f"BitCast from {source} to {target}: the bit widths differ")
+    return bb.call_te(lambda t: te.compute(t.shape, lambda *i: tirx.reinterpret(target, t(*i)), name="bitcast"),
+                      x, primfunc_name_hint="bitcast")
+
+
+#: converters that need the block builder (they emit a PrimFunc of their own)
+BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {"BitCast": bitcast}
+
+#: TVM has a converter, but it is wrong or does not compile for these: ours first, None falls back to TVM's
+OVERRIDES: dict[str, Callable[[list, dict], relax.Expr | None]] = {
+    "Cosh": cosh_sinh("cosh"),
+    "Sinh": cosh_sinh("sinh"),
+    "RMSNormalization": rms_normalization,
+}
+
 CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
     "RotaryEmbedding": rotary_embedding,
     "Swish": swish,
@@ -123,4 +221,8 @@ CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
     "Celu": celu,
     "LpNormalization": lp_normalization,
     "CumProd": cumprod,
+    "QLinearMatMul": qlinear_matmul,
+    "HannWindow": _window("hann"),
+    "HammingWindow": _window("hamming"),
+    "BlackmanWindow": _window("blackman"),
 }

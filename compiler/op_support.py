@@ -17,9 +17,9 @@ def supported_ops() -> set[str]:
     """ONNX operators TVM's frontend converts (importing TVM: called only when a model is checked)."""
     from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-    from .onnx_ops import CONVERTERS
+    from .onnx_ops import BUILDER_CONVERTERS, CONVERTERS
 
-    return set(_frontend._get_convert_map()) | {"If", "Constant"} | set(CONVERTERS)
+    return set(_frontend._get_convert_map()) | {"If", "Constant"} | set(CONVERTERS) | set(BUILDER_CONVERTERS)
 
 
 DEFAULT_DOMAINS = ("", "ai.onnx")

@@ -38,6 +38,14 @@ CASES = {
     "lp_norm_p1": (_model("LpNormalization", 22, [("x", F, [3, 5])], [3, 5], p=1, axis=1), {}),
     "lp_norm_p2_zero_row": (_model("LpNormalization", 22, [("x", F, [3, 5])], [3, 5], p=2, axis=-1),
                             {"x": np.vstack([np.zeros(5), np.arange(5), -np.arange(5)]).astype(np.float32)}),
+    "hann_window": (_model("HannWindow", 17, [], [10], (helper.make_tensor("size", I64, [], [10]),)), {}),
+    "hamming_window_symmetric": (_model("HammingWindow", 17, [], [10], (helper.make_tensor("size", I64, [], [10]),),
+                                        periodic=0), {}),
+    "blackman_window": (_model("BlackmanWindow", 17, [], [10], (helper.make_tensor("size", I64, [], [10]),)), {}),
+    "cosh": (_model("Cosh", 9, [("x", F, [3, 5])], [3, 5]), {}),
+    "sinh": (_model("Sinh", 9, [("x", F, [3, 5])], [3, 5]), {}),
+    "rms_norm_every_axis": (_model("RMSNormalization", 23, [("x", F, [2, 3, 4]), ("scale", F, [2, 3, 4])], [2, 3, 4],
+                                   axis=0), {}),
     "cumprod_reverse_exclusive": (
         _model("CumProd", 26, [("x", F, [3, 4])], [3, 4], (helper.make_tensor("axis", I64, [], [1]),),
                reverse=1, exclusive=1), {}),
@@ -64,3 +72,39 @@ def test_a_model_with_one_of_them_is_no_longer_refused_at_load() -> None:
     from fuseguard.compiler.op_support import supported_ops
 
     assert {"RotaryEmbedding", "Swish", "SwiGLU", "Celu", "LpNormalization", "CumProd"} <= supported_ops()
+
+
+def _run_both(model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [compile_model(model, {k: v.shape for k, v in feeds.items()}, options=CompileOptions(fusion=f)).run(feeds)[0]
+            for f in (True, False)]
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.UINT8, TensorProto.INT8], ids=["uint8", "int8"])
+def test_qlinear_matmul_is_exact_against_the_reference(dtype: int) -> None:
+    """Integer results: every element equal, ties included (a scale product of 0.5 puts many on a tie)."""
+    np_dtype = np.uint8 if dtype == TensorProto.UINT8 else np.int8
+    names = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"]
+    graph = helper.make_graph(
+        [helper.make_node("QLinearMatMul", names, ["y"])], "qlm",
+        [helper.make_tensor_value_info("a", dtype, [4, 6]), helper.make_tensor_value_info("b", dtype, [6, 5])],
+        [helper.make_tensor_value_info("y", dtype, [4, 5])],
+        [helper.make_tensor("a_scale", F, [], [0.5]), helper.make_tensor("a_zero", dtype, [], [3]),
+         helper.make_tensor("b_scale", F, [], [0.25]), helper.make_tensor("b_zero", dtype, [], [1]),
+         helper.make_tensor("y_scale", F, [], [0.25]), helper.make_tensor("y_zero", dtype, [], [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    info = np.iinfo(np_dtype)
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.integers(info.min, info.max, (4, 6)).astype(np_dtype),
+             "b": rng.integers(info.min, info.max, (6, 5)).astype(np_dtype)}
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    for got in _run_both(model, feeds):
+        assert got.dtype == np_dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_bitcast_reinterprets_the_bits() -> None:
+    model = _model("BitCast", 26, [("x", F, [7])], [7], to=TensorProto.INT32)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT32
+    x = np.array([0.0, -0.0, 1.0, -2.5, np.inf, np.nan, 1e-40], np.float32)
+    for got in _run_both(model, {"x": x}):
+        np.testing.assert_array_equal(got, x.view(np.int32))
