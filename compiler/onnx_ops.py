@@ -122,6 +122,62 @@ def cumprod(inputs: list, attrs: dict) -> relax.Expr:
     return relax.op.flip(out, axis) if reverse else out
 
 
+def _const_ints(x: object, what: str) -> list[int]:
+    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
+    if data is None or not hasattr(data, "numpy"):
+        raise ValueError(f"{what} must be a constant")
+    return [int(v) for v in data.numpy().reshape(-1)]
+
+
+def center_crop_pad(inputs: list, attrs: dict) -> relax.Expr:
+    """Crop (start (dim - size) // 2) or zero-pad (before (size - dim) // 2) each axis to `shape`."""
+    x = inputs[0]
+    dims = static_dims(x)
+    if dims is None:
+        raise ValueError("the input needs a static shape")
+    shape = _const_ints(inputs[1], "shape")
+    axes = [int(a) % len(dims) for a in attrs.get("axes", range(len(dims)))]
+    pads = [0] * (2 * len(dims))
+    for axis, size in zip(axes, shape):
+        dim = dims[axis]
+        if size < dim:
+            start = (dim - size) // 2
+            x = relax.op.strided_slice(x, [axis], [start], [start + size])
+        elif size > dim:
+            pads[2 * axis], pads[2 * axis + 1] = (size - dim) // 2, size - dim - (size - dim) // 2
+    return relax.op.nn.pad(x, pads) if any(pads) else x
+
+
+def tensor_scatter(inputs: list, attrs: dict) -> relax.Expr:
+    """The KV-cache update (opset 24): `update` written into `past_cache` along `axis` from each batch's
+    write index (mode "circular": wrapping at the cache length). Each cache position p reads update[p - w]
+    where 0 <= p - w < S, else keeps the cache."""
+    past, update = inputs[0], inputs[1]
+    write = inputs[2] if len(inputs) > 2 else None
+    cdims, udims = static_dims(past), static_dims(update)
+    if cdims is None or udims is None:
+        raise ValueError("the cache and the update need static shapes")
+    rank = len(cdims)
+    axis = int(attrs.get("axis", -2)) % rank
+    length, seq = cdims[axis], udims[axis]
+    mode = attrs.get("mode", b"linear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    pos = relax.const(np.arange(length, dtype="int64").reshape([length if i == axis else 1 for i in range(rank)]),
+                      "int64")
+    if write is None:
+        rel = pos
+    else:
+        w = relax.op.reshape(relax.op.astype(write, "int64"), [cdims[0]] + [1] * (rank - 1))
+        rel = relax.op.subtract(pos, w)
+        if mode == "circular":
+            rel = relax.op.floor_mod(rel, relax.const(length, "int64"))
+    valid = relax.op.logical_and(relax.op.greater_equal(rel, relax.const(0, "int64")),
+                                 relax.op.less(rel, relax.const(seq, "int64")))
+    index = relax.op.broadcast_to(relax.op.clip(rel, 0, seq - 1), cdims)
+    taken = relax.op.gather_elements(update, index, axis=axis)
+    return relax.op.where(relax.op.broadcast_to(valid, cdims), taken, past)
+
+
 def _window(kind: str) -> Callable[[list, dict], relax.Expr]:
     def convert(inputs: list, attrs: dict) -> relax.Expr:
         size = _const_int(inputs[0], "size")
@@ -225,4 +281,6 @@ CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
     "HannWindow": _window("hann"),
     "HammingWindow": _window("hamming"),
     "BlackmanWindow": _window("blackman"),
+    "CenterCropPad": center_crop_pad,
+    "TensorScatter": tensor_scatter,
 }

@@ -46,6 +46,11 @@ CASES = {
     "sinh": (_model("Sinh", 9, [("x", F, [3, 5])], [3, 5]), {}),
     "rms_norm_every_axis": (_model("RMSNormalization", 23, [("x", F, [2, 3, 4]), ("scale", F, [2, 3, 4])], [2, 3, 4],
                                    axis=0), {}),
+    "center_crop_pad": (_model("CenterCropPad", 18, [("x", F, [5, 4, 3])], [3, 7, 3],
+                               (helper.make_tensor("shape", I64, [2], [3, 7]),), axes=[0, 1]), {}),
+    "tensor_scatter_circular": (
+        _model("TensorScatter", 24, [("cache", F, [2, 3, 5, 4]), ("update", F, [2, 3, 3, 4]), ("w", I64, [2])],
+               [2, 3, 5, 4], mode="circular"), {"w": np.array([1, 4], np.int64)}),
     "cumprod_reverse_exclusive": (
         _model("CumProd", 26, [("x", F, [3, 4])], [3, 4], (helper.make_tensor("axis", I64, [], [1]),),
                reverse=1, exclusive=1), {}),
