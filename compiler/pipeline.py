@@ -265,11 +265,11 @@ def generated_source(executable: Any, kind: str = "cuda") -> str:
         try:
             if m.kind == kind or (kind == "cuda" and m.kind in ("cuda", "ptx")):
                 texts.append(m.inspect_source())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a module without source (a DSO import) has none to show
             pass
         try:
             stack.extend(m.imports)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a module kind without imports
             pass
     return "\n".join(texts)
 

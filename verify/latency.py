@@ -115,7 +115,7 @@ def _gpu_name() -> str:
 
     try:
         return str(tvm.cuda(0).device_name)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a name for the baseline's metadata only
         return "cuda"
 
 

@@ -236,7 +236,7 @@ def _kill_group(popen: subprocess.Popen[bytes]) -> None:
     for proc in descendants:
         try:
             proc.kill()
-        except Exception:
+        except Exception:  # noqa: BLE001 - it exited meanwhile (psutil.NoSuchProcess) or is not ours to kill
             pass
     try:
         popen.wait(timeout=10)
@@ -570,7 +570,7 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     type_name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     try:
         message = str(exc)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error it describes
         message = "<exception message could not be formatted>"
     is_fuseguard = any(c.__module__ in ("fuseguard.compiler.errors", "compiler.errors") and c.__qualname__ == "FuseguardError" for c in cls.__mro__)
     return {

@@ -127,7 +127,7 @@ def extract(model: "onnx.ModelProto", inputs: Sequence[str], outputs: Sequence[s
 
     try:
         model = onnx.shape_inference.infer_shapes(model)  # the extractor types cut tensors from value_info
-    except Exception:
+    except Exception:  # noqa: BLE001 - inference is a help to the extractor, not needed by it
         pass
     extractor = onnx.utils.Extractor(model)
     inputs = list(dict.fromkeys(inputs))
