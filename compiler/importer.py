@@ -68,6 +68,8 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
                 attrs.get("tvm_custom", {}).get("name", "") in self._shape_ok:
             sym = _gather_shape(inputs, attrs)
         if sym is None:
+            if op_name == "Resize":
+                inputs, attrs = onnx_ops.resize_inputs(inputs, attrs)
             op_function = convert_map[op_name].get_converter(opset)
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
         index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))

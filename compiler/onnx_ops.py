@@ -260,6 +260,53 @@ def bitcast(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr:
                       x, primfunc_name_hint="bitcast")
 
 
+def _const_values(x: object) -> np.ndarray | None:
+    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
+    return data.numpy() if data is not None and hasattr(data, "numpy") else None
+
+
+def resize_inputs(inputs: list, attrs: dict) -> tuple[list, dict]:
+    """Resize's `axes` and `keep_aspect_ratio_policy` (opset 18), which TVM's converter ignores (it then read
+    a per-axis `sizes` as a full-rank one and failed), folded into full-rank constant scales or sizes as
+    ONNX's reference computes them; the rest is TVM's converter."""
+    policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
+    policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+    scales = _const_values(inputs[2]) if len(inputs) > 2 else None
+    sizes = _const_values(inputs[3]) if len(inputs) > 3 else None
+    if scales is not None and scales.size == 0 and len(inputs) > 3 and inputs[3] is not None:
+        # an empty `scales` beside `sizes` (as exporters write it) means "no scales": TVM asserts on both
+        inputs = [*inputs[:2], None, *inputs[3:]]
+        scales = None
+    if "axes" not in attrs and policy == "stretch":
+        return inputs, attrs
+    dims = static_dims(inputs[0])
+    if dims is None or (scales is None and sizes is None) or (scales is not None and scales.size == 0 and sizes is None):
+        return inputs, attrs
+    rank = len(dims)
+    axes = [int(a) % rank for a in attrs.get("axes", range(rank))]
+    out = list(inputs) + [None] * (4 - len(inputs))
+    if sizes is not None and sizes.size:
+        full = list(dims)
+        for i, a in enumerate(axes):
+            full[a] = int(sizes[i])
+        if policy != "stretch":
+            ratios = [full[a] / dims[a] for a in axes]
+            scale = min(ratios) if policy == "not_larger" else max(ratios)
+            full = [int(scale * dims[i] + 0.5) if i in axes else dims[i] for i in range(rank)]
+            if any(abs(full[a] / dims[a] - scale) > 1e-6 for a in axes):
+                # TVM samples at output / input size per axis; the policy samples at `scale` on every axis
+                raise ValueError(f"keep_aspect_ratio_policy={policy}: the rounded sizes {full} do not keep the "
+                                 f"common scale {scale:.6g}, which TVM's resize cannot sample at")
+        out[2], out[3] = None, relax.const(np.asarray(full, dtype="int64"), "int64")
+    else:
+        full_scales = [1.0] * rank
+        for i, a in enumerate(axes):
+            full_scales[a] = float(scales[i])
+        out[2] = relax.const(np.asarray(full_scales, dtype="float32"), "float32")
+    attrs = {k: v for k, v in attrs.items() if k not in ("axes", "keep_aspect_ratio_policy")}
+    return out, attrs
+
+
 #: converters that need the block builder (they emit a PrimFunc of their own)
 BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {"BitCast": bitcast}
 

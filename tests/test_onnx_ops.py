@@ -51,6 +51,11 @@ CASES = {
     "tensor_scatter_circular": (
         _model("TensorScatter", 24, [("cache", F, [2, 3, 5, 4]), ("update", F, [2, 3, 3, 4]), ("w", I64, [2])],
                [2, 3, 5, 4], mode="circular"), {"w": np.array([1, 4], np.int64)}),
+    "resize_axes_not_larger": (
+        _model("Resize", 19, [("x", F, [1, 2, 4, 6])], [1, 2, 2, 3],
+               (helper.make_tensor("roi", F, [0], []), helper.make_tensor("scales", F, [0], []),
+                helper.make_tensor("sizes", I64, [2], [3, 3])), axes=[3, 2], keep_aspect_ratio_policy="not_larger"),
+        {}),
     "cumprod_reverse_exclusive": (
         _model("CumProd", 26, [("x", F, [3, 4])], [3, 4], (helper.make_tensor("axis", I64, [], [1]),),
                reverse=1, exclusive=1), {}),
@@ -113,3 +118,15 @@ def test_bitcast_reinterprets_the_bits() -> None:
     x = np.array([0.0, -0.0, 1.0, -2.5, np.inf, np.nan, 1e-40], np.float32)
     for got in _run_both(model, {"x": x}):
         np.testing.assert_array_equal(got, x.view(np.int32))
+
+
+def test_a_resize_policy_tvm_cannot_sample_is_refused_with_the_reason() -> None:
+    """not_larger on 4x6 to at most 3x4: the common scale 2/3 rounds to 3x4, whose per-axis ratios (3/4, 4/6)
+    differ; TVM samples at the per-axis ratio, so the build is refused rather than silently off."""
+    from fuseguard.compiler.errors import FuseguardError
+
+    model = _model("Resize", 19, [("x", F, [1, 2, 4, 6])], [1, 2, 3, 4],
+                   (helper.make_tensor("roi", F, [0], []), helper.make_tensor("scales", F, [0], []),
+                    helper.make_tensor("sizes", I64, [2], [4, 3])), axes=[3, 2], keep_aspect_ratio_policy="not_larger")
+    with pytest.raises(FuseguardError, match="do not keep the common scale"):
+        compile_model(model, {"x": (1, 2, 4, 6)})

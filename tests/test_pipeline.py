@@ -270,17 +270,22 @@ def test_verify_imports_the_model_once_for_both_builds(monkeypatch) -> None:
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
 @pytest.mark.parametrize("keepdims", [0, 1])
-def test_reduce_max_of_a_row_of_minus_inf_is_minus_inf(keepdims: int) -> None:
-    """TOPI's max starts from the lowest finite value (a row of -inf read -3.4e38); ONNX and numpy say -inf."""
+def test_reduce_max_of_a_row_of_minus_inf_is_minus_inf(keepdims: int, op: str) -> None:
+    """TOPI's max starts from the lowest finite value (a row of -inf read -3.4e38), its min from the largest;
+    ONNX and numpy say -inf (+inf)."""
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=keepdims)], "g",
+    graph = helper.make_graph([helper.make_node(op, ["x", "axes"], ["m"], keepdims=keepdims)], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                               [helper.make_tensor_value_info("m", TensorProto.FLOAT, [3, 1] if keepdims else [3])],
                               [helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     x = np.array([[-np.inf] * 4, [0, -np.inf, 2, -1], [np.finfo(np.float32).min] * 4], np.float32)
+    if op == "ReduceMin":
+        x = -x
     for fusion in (True, False):
         got = compile_model(model, {"x": x.shape}, options=CompileOptions(fusion=fusion)).run({"x": x})[0]
-        np.testing.assert_array_equal(got, x.max(axis=1, keepdims=bool(keepdims)))
+        want = x.max(axis=1, keepdims=bool(keepdims)) if op == "ReduceMax" else x.min(axis=1, keepdims=bool(keepdims))
+        np.testing.assert_array_equal(got, want)
