@@ -327,3 +327,26 @@ def test_cuda_device_matches_numpy(dtype: str) -> None:
         tol = 1e-4 if dtype == "float32" else 2e-3
         np.testing.assert_allclose(out.numpy().astype(np.float64), reference(q, k, v, 0.125, mask),
                                    rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("emulate_cuda", [False, True], ids=["cpu", "cuda-emulated"])
+def test_a_row_masked_with_finfo_min_is_ordinary_and_one_of_minus_inf_is_nan(emulate_cuda: bool) -> None:
+    """As an unfused softmax: a query row whose keys are all masked with finfo.min (HF's mask value) averages
+    V uniformly; all -inf gives NaN (0/0). Both kernels took scores below -3e38 for masked, so the
+    finfo.min row came out 0 (CPU) or NaN (CUDA) fused while the unfused build averaged it. Tiles of 8
+    keys make the row span several key blocks (the running max must start at -inf, not a finite floor)."""
+    b, h, s, d = 1, 2, 20, 16
+    q, k, v, _ = make_inputs(b, h, s, s, d, None, seed=4)
+    mask = np.zeros((b, 1, s, s), np.float32)
+    mask[..., 3, :] = np.finfo(np.float32).min
+    mask[..., 7, :] = -np.inf
+    mask[..., 11, 5:] = np.finfo(np.float32).min          # a later block all finfo.min after finite scores
+    func = attention_primfunc(b, h, s, s, d, mask_shape=mask.shape, scale=0.25, target=CPU, block_q=8, block_k=8,
+                              emulate_cuda=emulate_cuda, max_shared_bytes=10**6)
+    got = run_kernel(func, CPU, q, k, v, mask)
+    np.testing.assert_allclose(got[:, :, 3], v.mean(axis=2), rtol=1e-4, atol=1e-5)
+    assert np.isnan(got[:, :, 7]).all()
+    finite = [i for i in range(s) if i != 7]
+    with np.errstate(invalid="ignore"):
+        want = reference(q, k, v, 0.25, mask)
+    np.testing.assert_allclose(got[:, :, finite], want[:, :, finite], rtol=1e-4, atol=1e-5)

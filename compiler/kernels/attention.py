@@ -65,7 +65,6 @@ CPU_DEFAULT_SCRATCH_BYTES = 256 * 1024
 SYMBOLIC_SEQ_TILE_AT = 16
 
 _SUPPORTED_DTYPES = ("float32", "float16")
-_NEG = -3.0e38  # finite "minus infinity": keeps (m_old - m_new) free of inf - inf = NaN
 _CUDA_THREADS = 128
 
 
@@ -271,8 +270,7 @@ def _cpu_primfunc(
     JR = 4 if Bk % 4 == 0 else (2 if Bk % 2 == 0 else 1)
     DR = 4 if D % 4 == 0 else (2 if D % 2 == 0 else 1)
     NQB, NKB = (Sq + Bq - 1) // Bq, (Sk + Bk - 1) // Bk      # ints, or PrimExprs for symbolic seqs
-    NEG, SCALE = _NEG, float(scale)
-    NEG_INF, LOWEST = float("-inf"), float(np.finfo(np.float32).min)
+    NEG_INF, LOWEST, SCALE = float("-inf"), float(np.finfo(np.float32).min), float(scale)
     has_mask = mask_shape is not None
     per_row_mask = has_mask and len(mask_shape) >= 2 and not _is_one(mask_shape[-2])
 
@@ -403,7 +401,7 @@ def _cuda_primfunc(
     # the spare threads redo it (identical values), so no phase needs a branch. ThreadSync cannot
     # place a barrier inside a branch, and with shared.dyn it must assume all tiles alias.
     NQD, NKD, NS, NR = -(-Bq * D // NT), -(-Bk * D // NT), -(-Bq * Bk // NT), -(-Bq // NT)
-    NEG, SCALE = _NEG, float(scale)
+    NEG_INF, LOWEST, SCALE = float("-inf"), float(np.finfo(np.float32).min), float(scale)
     has_mask = mask_shape is not None
     # emulate: same phases as serial loops in plain memory, compiled for the CPU in tests.
     smem = "global" if emulate else ("shared.dyn" if dynamic_shared else "shared")
@@ -446,7 +444,7 @@ def _cuda_primfunc(
                         T.float32(0)))
                     acc[tx, it] = T.float32(0)
                 for it in range(NR):
-                    m_r[tx, it] = T.float32(NEG)
+                    m_r[tx, it] = T.float32(NEG_INF)
                     l_r[tx, it] = T.float32(0)
             for kb in range(NKB):
                 # Stage the K/V tile (coalesced along D); rows past Sk are zero-filled.
@@ -471,23 +469,25 @@ def _cuda_primfunc(
                         Ss[T.min(it * NT + tx, Bq * Bk - 1) // Bk, T.min(it * NT + tx, Bq * Bk - 1) % Bk] = T.Select(
                             kb * Bk + T.min(it * NT + tx, Bq * Bk - 1) % Bk < Sk,
                             dot[0] + bias(M, b, h, q0 + T.min(it * NT + tx, Bq * Bk - 1) // Bk, kb * Bk + T.min(it * NT + tx, Bq * Bk - 1) % Bk),
-                            T.float32(NEG))
+                            T.float32(NEG_INF))
                 # Online softmax: one query row per thread; m and l stay in that thread's registers.
+                # Scores subtract the running max, or 0 while it is still -inf (no finite score yet:
+                # -inf - -inf would be NaN); a row all finfo.min (HF's mask value) is an ordinary row.
                 for tx in threads():
                     mx = T.alloc_buffer((1,), "float32", scope=reg)
+                    base = T.alloc_buffer((1,), "float32", scope=reg)
                     rs = T.alloc_buffer((1,), "float32", scope=reg)
                     for it in range(NR):
                         mx[0] = m_r[tx, it]
                         for j in range(Bk):
                             mx[0] = T.max(mx[0], Ss[T.min(it * NT + tx, Bq - 1), j])
+                        base[0] = T.Select(mx[0] < T.float32(LOWEST), T.float32(0), mx[0])
                         rs[0] = T.float32(0)
                         for j in range(Bk):
-                            Ps[T.min(it * NT + tx, Bq - 1), j] = T.Select(
-                                Ss[T.min(it * NT + tx, Bq - 1), j] > T.float32(NEG), exp(Ss[T.min(it * NT + tx, Bq - 1), j] - mx[0]), T.float32(0))
-                            rs[0] = rs[0] + T.Select(
-                                Ss[T.min(it * NT + tx, Bq - 1), j] > T.float32(NEG), exp(Ss[T.min(it * NT + tx, Bq - 1), j] - mx[0]), T.float32(0))
-                        l_r[tx, it] = l_r[tx, it] * exp(m_r[tx, it] - mx[0]) + rs[0]
-                        corr[T.min(it * NT + tx, Bq - 1)] = exp(m_r[tx, it] - mx[0])
+                            Ps[T.min(it * NT + tx, Bq - 1), j] = exp(Ss[T.min(it * NT + tx, Bq - 1), j] - base[0])
+                            rs[0] = rs[0] + Ps[T.min(it * NT + tx, Bq - 1), j]
+                        l_r[tx, it] = l_r[tx, it] * exp(m_r[tx, it] - base[0]) + rs[0]
+                        corr[T.min(it * NT + tx, Bq - 1)] = exp(m_r[tx, it] - base[0])
                         lsum[T.min(it * NT + tx, Bq - 1)] = l_r[tx, it]
                         m_r[tx, it] = mx[0]
                 # acc = acc * corr + P V: one (i, d) per thread and step, coalesced along d.
