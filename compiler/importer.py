@@ -203,10 +203,7 @@ def _gather_shape(inputs: list, attrs: dict) -> relax.Expr | None:
     return relax.ShapeExpr([values[int(i)] for i in arr])
 
 
-def _const_array(x: object) -> "np.ndarray | None":
-    """The value of a relax constant, else None (a Var or a computed tensor)."""
-    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
-    return data.numpy() if data is not None and hasattr(data, "numpy") else None
+_const_array = onnx_ops.const_values      # the value of a relax constant, else None (a Var or a computed tensor)
 
 
 def _range_symbolic(inputs: list) -> relax.Expr | None:

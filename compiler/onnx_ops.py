@@ -29,13 +29,24 @@ def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:
     return relax.const(np.asarray(value, dtype=dtype), dtype)
 
 
+def const_values(x: object) -> np.ndarray | None:
+    """The value of a relax constant (an initializer, or an input the conformance runner froze), else None."""
+    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
+    return data.numpy() if data is not None and hasattr(data, "numpy") else None
+
+
 def _const_int(x: object, what: str) -> int:
-    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None    # a relax constant
-    if data is not None and hasattr(data, "numpy"):
-        arr = data.numpy()
-        if arr.size == 1:
-            return int(arr.reshape(()))
-    raise ValueError(f"{what} must be a constant scalar")
+    arr = const_values(x)
+    if arr is None or arr.size != 1:
+        raise ValueError(f"{what} must be a constant scalar")
+    return int(arr.reshape(()))
+
+
+def _const_ints(x: object, what: str) -> list[int]:
+    arr = const_values(x)
+    if arr is None:
+        raise ValueError(f"{what} must be a constant")
+    return [int(v) for v in arr.reshape(-1)]
 
 
 def rotary_embedding(inputs: list, attrs: dict) -> relax.Expr:
@@ -120,13 +131,6 @@ def cumprod(inputs: list, attrs: dict) -> relax.Expr:
         x = relax.op.flip(x, axis)
     out = relax.op.cumprod(x, axis=axis, exclusive=exclusive)
     return relax.op.flip(out, axis) if reverse else out
-
-
-def _const_ints(x: object, what: str) -> list[int]:
-    data = getattr(x, "value", None) if not isinstance(x, relax.Var) else None
-    if data is None or not hasattr(data, "numpy"):
-        raise ValueError(f"{what} must be a constant")
-    return [int(v) for v in data.numpy().reshape(-1)]
 
 
 def center_crop_pad(inputs: list, attrs: dict) -> relax.Expr:
@@ -260,19 +264,14 @@ def bitcast(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr:
                       x, primfunc_name_hint="bitcast")
 
 
-def _const_values(x: object) -> np.ndarray | None:
-    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
-    return data.numpy() if data is not None and hasattr(data, "numpy") else None
-
-
 def resize_inputs(inputs: list, attrs: dict) -> tuple[list, dict]:
     """Resize's `axes` and `keep_aspect_ratio_policy` (opset 18), which TVM's converter ignores (it then read
     a per-axis `sizes` as a full-rank one and failed), folded into full-rank constant scales or sizes as
     ONNX's reference computes them; the rest is TVM's converter."""
     policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
     policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-    scales = _const_values(inputs[2]) if len(inputs) > 2 else None
-    sizes = _const_values(inputs[3]) if len(inputs) > 3 else None
+    scales = const_values(inputs[2]) if len(inputs) > 2 else None
+    sizes = const_values(inputs[3]) if len(inputs) > 3 else None
     if scales is not None and scales.size == 0 and len(inputs) > 3 and inputs[3] is not None:
         # an empty `scales` beside `sizes` (as exporters write it) means "no scales": TVM asserts on both
         inputs = [*inputs[:2], None, *inputs[3:]]
