@@ -73,24 +73,24 @@ def items(name: str) -> list[str]:
     return [s.strip() for s in text(name).split(",") if s.strip()]
 
 
-def integer(name: str, default: int = 0) -> int:
-    value = text(name).strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: expected an integer") from None
-
-
-def number(name: str) -> float | None:
+def _parsed(name: str, convert, what: str):
+    """The value through `convert`, None when unset or blank; a bad value names the variable."""
     value = text(name).strip()
     if not value:
         return None
     try:
-        return float(value)
+        return convert(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r}: expected a number") from None
+        raise ValueError(f"{name}={value!r}: expected {what}") from None
+
+
+def integer(name: str, default: int = 0) -> int:
+    value = _parsed(name, int, "an integer")
+    return default if value is None else value
+
+
+def number(name: str) -> float | None:
+    return _parsed(name, float, "a number")
 
 
 def path(name: str) -> Path | None:
