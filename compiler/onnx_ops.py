@@ -199,15 +199,7 @@ def _window(kind: str) -> Callable[[list, dict], relax.Expr]:
     return convert
 
 
-def _round_half_even(x: relax.Expr, dtype: str) -> relax.Expr:
-    """np.rint in Relax ops (relax.round rounds ties away from zero)."""
-    f = relax.op.floor(relax.op.add(x, _scalar(0.5, dtype)))
-    tie = relax.op.equal(relax.op.subtract(f, x), _scalar(0.5, dtype))
-    odd = relax.op.equal(relax.op.floor_mod(f, _scalar(2.0, dtype)), _scalar(1.0, dtype))
-    return relax.op.where(relax.op.logical_and(tie, odd), relax.op.subtract(f, _scalar(1.0, dtype)), f)
-
-
-def qlinear_matmul(inputs: list, attrs: dict) -> relax.Expr:
+def qlinear_matmul(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr:
     """As ONNX's reference: the int32 product of the zero-point-shifted operands, times
     a_scale * b_scale / y_scale (in the scales' type), in float64; plus y's zero point, rounded half to
     even and saturated."""
@@ -224,7 +216,10 @@ def qlinear_matmul(inputs: list, attrs: dict) -> relax.Expr:
     if zy is not None:
         d = relax.op.add(d, relax.op.astype(zy, "float64"))
     info = np.iinfo(out_dtype)
-    clipped = relax.op.clip(_round_half_even(d, "float64"), float(info.min), float(info.max))
+    # np.rint: tirx.nearbyint (ties to even), as the QuantizeLinear legalisation rounds (compiler/qdq.py)
+    rounded = bb.call_te(lambda t: te.compute(t.shape, lambda *i: tirx.nearbyint(t(*i)), name="rint"),
+                         bb.normalize(d), primfunc_name_hint="rint")
+    clipped = relax.op.clip(rounded, float(info.min), float(info.max))
     return relax.op.astype(clipped, out_dtype)
 
 
@@ -307,7 +302,10 @@ def resize_inputs(inputs: list, attrs: dict) -> tuple[list, dict]:
 
 
 #: converters that need the block builder (they emit a PrimFunc of their own)
-BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {"BitCast": bitcast}
+BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {
+    "BitCast": bitcast,
+    "QLinearMatMul": qlinear_matmul,
+}
 
 #: TVM has a converter, but it is wrong or does not compile for these: ours first, None falls back to TVM's
 OVERRIDES: dict[str, Callable[[list, dict], relax.Expr | None]] = {
@@ -323,7 +321,6 @@ CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
     "Celu": celu,
     "LpNormalization": lp_normalization,
     "CumProd": cumprod,
-    "QLinearMatMul": qlinear_matmul,
     "HannWindow": _window("hann"),
     "HammingWindow": _window("hamming"),
     "BlackmanWindow": _window("blackman"),
