@@ -28,7 +28,7 @@ from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
 from .passes import static_dims
-from .op_support import check_supported, supported_ops  # noqa: F401  (re-exported)
+from .op_support import check_supported, supported_ops
 
 #: What may not appear in a C identifier (an input name becomes one: see _Importer._sanitize_name).
 _IDENTIFIER_BAD = re.compile(r"[^0-9A-Za-z_]")
@@ -79,8 +79,7 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
 
     def _check_for_unsupported_ops(self, graph) -> None:  # noqa: ANN001 - frontend signature
         """The stock check, knowing fuseguard's own converters (compiler/onnx_ops.py)."""
-        unknown = {n.op_type for n in graph.node} - set(_frontend._get_convert_map()) - set(onnx_ops.CONVERTERS) \
-            - set(onnx_ops.BUILDER_CONVERTERS) - {"If", "Constant"}
+        unknown = {n.op_type for n in graph.node} - supported_ops()
         if unknown:
             raise tvm.error.OpNotImplemented("The following operators are not supported for frontend ONNX: "
                                              + ", ".join(sorted(unknown)))
