@@ -164,11 +164,9 @@ def convert(inputs: list, attrs: dict) -> relax.Expr:
         if rows.any():
             masked_rows = relax.const(rows)
     elif bias is not None:
-        # no key whose bias is not -inf. Not max(bias) == -inf: TVM's max starts from the lowest finite
-        # value, so an all -inf row reads -3.4e38 (and a mask of finfo.min, as HF writes, is attendable).
-        neg_inf = relax.op.logical_and(relax.op.isinf(bias), relax.op.less(bias, _const(0.0, dtype)))
-        attendable = relax.op.sum(relax.op.astype(relax.op.logical_not(neg_inf), "int32"), axis=-1, keepdims=True)
-        masked_rows = relax.op.equal(attendable, relax.const(0, "int32"))
+        # max -inf: no attendable key (relax.max starts from -inf: compiler/legalize_fixes.py; a row all
+        # finfo.min, as HF writes masks, is attendable)
+        masked_rows = relax.op.equal(relax.op.max(bias, axis=-1, keepdims=True), _const(-np.inf, dtype))
     y = relax.op.matmul(probs, v)
     if masked_rows is not None:
         y = relax.op.where(masked_rows, _const(0.0, dtype), y)
