@@ -65,6 +65,7 @@ def test_tune_writes_the_database(tmp_path: Path) -> None:
     (entry,) = [e for e in doc["entries"].values() if e["pattern"] == "matmul_bias_gelu"][:1]
     assert entry["fused_us"] > 0 and entry["parts_us"] > 0 and isinstance(entry["fuse"], bool)
     assert "matmul_bias_gelu" in proc.stdout
+    assert "in 3 fresh process(es)" in proc.stdout          # the default: medians over three processes
 
 
 def test_tune_splits_only_beyond_the_margin_and_the_hooks_resolution() -> None:
@@ -81,3 +82,26 @@ def test_tune_splits_only_beyond_the_margin_and_the_hooks_resolution() -> None:
     verdicts = measured_verdicts([group("tiny", 1.8, 0.2), group("slow", 30.0, 20.0), group("close", 104.0, 100.0)],
                                  "m", "2026-12-03")
     assert {k: v[0].fuse for k, v in verdicts.items()} == {"tiny": True, "slow": False, "close": True}
+
+
+def test_tune_takes_each_groups_median_over_processes() -> None:
+    """One process in a slow mode (all of its kernels 1.6x) must not decide a verdict that outlives it; the
+    profiles of different builds are refused rather than paired by position."""
+    import pytest
+
+    from fuseguard.compiler.errors import FuseguardError
+    from fuseguard.verify.profile import GroupProfile, ProfileResult
+    from fuseguard.verify.tune import merge_groups
+
+    def profile(fused: float, parts: float, kernel: str = "k") -> ProfileResult:
+        g = GroupProfile(kernel=kernel, pattern="layernorm", nodes=["n"], fused_us=fused, parts_us=parts, parts=2,
+                         bytes=0, flops=0, reason="", key="g")
+        result = ProfileResult(model="m", cpu="cpu", threads=2, repeats=3, peak_gflops=1.0, overhead_us=2.0,
+                               fused=[], unfused=[])
+        result.groups = [g]
+        return result
+
+    (merged,) = merge_groups([profile(30.0, 40.0), profile(48.0, 41.0), profile(31.0, 39.0)])
+    assert (merged.fused_us, merged.parts_us) == (31.0, 40.0)
+    with pytest.raises(FuseguardError, match="different builds"):
+        merge_groups([profile(1.0, 2.0), profile(1.0, 2.0, kernel="other")])

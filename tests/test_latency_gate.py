@@ -59,6 +59,8 @@ def test_record_then_a_real_slowdown_fails(recorded: Path, tmp_path: Path) -> No
     assert key.startswith("conv_bn_relu|x=1x64x56x56|fused")
     entry = doc["entries"][key]
     assert entry["n"] >= 5 and entry["metadata"]["reference_kind"] == "onnxruntime-cpu"
+    # Recorded from several fresh processes, and the file says how many.
+    assert entry["metadata"]["processes"] == 3 and entry["n"] >= 3 * 5
 
     same = run_pytest("--baseline-dir", str(tmp_path))
     assert same.returncode == 0, same.stdout
@@ -71,6 +73,13 @@ def test_record_then_a_real_slowdown_fails(recorded: Path, tmp_path: Path) -> No
     changed = run_pytest("--baseline-dir", str(tmp_path))
     assert changed.returncode == 0 and "model changed since the baseline" in changed.stdout, changed.stdout
     entry["metadata"]["model_sha256"] = sha
+    # ... and its build options: a baseline of another build (say --precision bf16) is not this one's.
+    options = entry["metadata"]["options_sha256"]
+    entry["metadata"]["options_sha256"] = "1" * 64
+    path.write_text(json.dumps(doc))
+    changed = run_pytest("--baseline-dir", str(tmp_path))
+    assert changed.returncode == 0 and "build options changed since the baseline" in changed.stdout, changed.stdout
+    entry["metadata"]["options_sha256"] = options
 
     # Make the baseline twice as fast as what this build really does: the gate must call it a regression.
     for field in ("samples_ms",):
@@ -116,3 +125,51 @@ def test_busy_host_makes_a_slowdown_inconclusive_not_a_failure(recorded: Path, t
             hog.wait()
     assert proc.returncode == 0, proc.stdout
     assert "inconclusive" in proc.stdout and "host busy" in proc.stdout
+
+
+def _run(candidate_ms: list[float], reference_ms: list[float]):
+    from fuseguard.verify.latency import LatencyRun
+    from fuseguard.verify.timing import Samples
+
+    def samples(ms: list[float]) -> Samples:
+        return Samples(tuple(v * 1e6 for v in ms), preempted=(0,) * len(ms))
+
+    return LatencyRun(model="m", shapes={}, device="cpu", threads=2, reference_kind="onnxruntime-cpu",
+                      candidate=samples(candidate_ms), reference=samples(reference_ms), foreign_load=0.01)
+
+
+def test_pooled_processes_cancel_a_speed_mode_that_hits_the_whole_process() -> None:
+    """A process running 1.5x slow (ORT with it, as measured modes do) must not widen or shift the pooled
+    candidate/reference ratio, and the pooled run says how many processes it holds."""
+    import numpy as np
+
+    from fuseguard.verify.latency import pool_runs
+
+    rng = np.random.default_rng(0)
+    runs = []
+    for mode in (1.0, 1.5, 1.0):
+        cand = list(mode * 2.0 * (1 + 0.01 * rng.standard_normal(15)))
+        ref = list(mode * 4.0 * (1 + 0.01 * rng.standard_normal(15)))
+        runs.append(_run(cand, ref))
+    pooled = pool_runs(runs)
+    assert pooled.processes == 3 and pooled.candidate.n == 45 and pooled.reference.n == 45
+    ratio = pooled.candidate.ms / pooled.reference.median_ms
+    assert abs(float(np.median(ratio)) - 0.5) < 0.01
+    assert float(ratio.max() / ratio.min()) < 1.1        # pooled raw, the slow process would read 1.5x
+    raw = np.concatenate([r.candidate.ms for r in runs])
+    assert float(raw.max() / raw.min()) > 1.4
+    # More samples scaled to the first set's reference median keep the same normalisation.
+    extra = pool_runs([_run([3.0] * 5, [6.0] * 5)], reference_ms=pooled.reference.median_ms)
+    assert abs(float(np.median(extra.candidate.ms)) / pooled.reference.median_ms - 0.5) < 1e-9
+
+
+def test_a_process_preempted_samples_are_set_aside_before_pooling() -> None:
+    from fuseguard.verify.latency import pool_runs
+    from fuseguard.verify.timing import Samples
+
+    run = _run([1.0] * 6, [2.0] * 6)
+    preempted = Samples(tuple([1e6] * 6 + [9e6] * 2), preempted=(0,) * 6 + (3, 3))
+    from dataclasses import replace
+
+    pooled = pool_runs([replace(run, candidate=preempted)])
+    assert pooled.candidate.n == 6 and max(pooled.candidate.ms) < 1.01

@@ -50,7 +50,7 @@ _ENTRY_REQUIRED = _ENTRY_FIELDS - {"reference_samples_ms"}
 _META_FIELDS = {"device", "driver", "cuda", "tvm_version", "fuseguard_version", "git_commit", "date", "threads",
                 "reference_kind"}
 #: Metadata fields later schema revisions added: optional, so older files stay valid.
-_META_OPTIONAL = {"model_sha256"}
+_META_OPTIONAL = {"model_sha256", "options_sha256", "processes"}
 
 
 # ----------------------------------------------------------------------------------------------- naming
@@ -140,15 +140,21 @@ class Metadata:
     reference_kind: str | None = None
     #: the measured model's bytes (ONNX, as compiled): a different model under the same key is caught
     model_sha256: str | None = None
+    #: the build options (`verify.latency.options_digest`): a build with other options is caught too
+    options_sha256: str | None = None
+    #: fresh processes the samples were pooled from, each normalised by its own reference (verify.latency)
+    processes: int | None = None
 
     @classmethod
     def collect(cls, device: str, *, threads: int | None, reference_kind: str | None,
-                driver: str | None = None, cuda: str | None = None, model_sha256: str | None = None) -> Metadata:
+                driver: str | None = None, cuda: str | None = None, model_sha256: str | None = None,
+                options_sha256: str | None = None, processes: int | None = None) -> Metadata:
         """Metadata for a measurement made now, in this checkout, with the installed TVM and fuseguard."""
         return cls(device=device, driver=driver, cuda=cuda, tvm_version=_dist_version("apache-tvm"),
                    fuseguard_version=_dist_version("fuseguard"), git_commit=git_commit(),
                    date=datetime.now(timezone.utc).isoformat(timespec="seconds"), threads=threads,
-                   reference_kind=reference_kind, model_sha256=model_sha256)
+                   reference_kind=reference_kind, model_sha256=model_sha256, options_sha256=options_sha256,
+                   processes=processes)
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in sorted(_META_FIELDS)}
@@ -325,9 +331,9 @@ def _check_entry(key: Any, entry: Any, problems: list[str], where: str) -> None:
         problems.append(f"{at}: metadata is missing '{name}'")
     for name in sorted(meta.keys() - _META_FIELDS - _META_OPTIONAL):
         problems.append(f"{at}: metadata has unknown field '{name}'")
-    if meta.get("model_sha256") is not None and not (isinstance(meta["model_sha256"], str)
-                                                     and re.fullmatch(r"[0-9a-f]{64}", meta["model_sha256"])):
-        problems.append(f"{at}: metadata.model_sha256 must be a hex digest or null, got {_show(meta['model_sha256'])}")
+    for name in ("model_sha256", "options_sha256"):
+        if meta.get(name) is not None and not (isinstance(meta[name], str) and re.fullmatch(r"[0-9a-f]{64}", meta[name])):
+            problems.append(f"{at}: metadata.{name} must be a hex digest or null, got {_show(meta[name])}")
     for name in ("device", "tvm_version", "fuseguard_version", "date"):
         if name in meta and not (isinstance(meta[name], str) and meta[name].strip()):
             problems.append(f"{at}: metadata.{name} must be a non-empty string, got {_show(meta[name])}")
@@ -342,9 +348,10 @@ def _check_entry(key: Any, entry: Any, problems: list[str], where: str) -> None:
     commit = meta.get("git_commit")
     if commit is not None and not (isinstance(commit, str) and _HEX_RE.match(commit)):
         problems.append(f"{at}: metadata.git_commit must be 7-40 lowercase hex digits or null, got {_show(commit)}")
-    threads = meta.get("threads")
-    if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
-        problems.append(f"{at}: metadata.threads must be a positive integer or null, got {_show(threads)}")
+    for name in ("threads", "processes"):
+        value = meta.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            problems.append(f"{at}: metadata.{name} must be a positive integer or null, got {_show(value)}")
     kind_given = "reference_kind" in meta and "reference_median_ms" in entry
     if kind_given and (meta["reference_kind"] is None) != (ref is None):
         problems.append(f"{at}: metadata.reference_kind must be set exactly when reference_median_ms is, "

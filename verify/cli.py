@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--baseline-dir", default=None, metavar="DIR", help="default: the repo's baselines/")
     bl.add_argument("--pytest-benchmark", default=None, metavar="FILE", help="for import/export")
     bl.add_argument("--plot", default=None, metavar="FILE", help="history: write the trend as PNG or HTML")
+    from .options import positive_int
+
+    bl.add_argument("--processes", type=positive_int, default=None, metavar="N",
+                    help="update/check: fresh processes to measure in, each normalised by its own ONNX Runtime "
+                         "run, pooled (default 3; more when the gate is unsure)")
     bl.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
     pr = sub.add_parser("profile", help="time every kernel of the fused and unfused build: each fused group "
@@ -137,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_build_options(tu)
     tu.add_argument("--threads", type=int, default=None, help="threads for TVM (default: all cores)")
     tu.add_argument("--repeats", type=int, default=20, help="timed runs after warm-up (default 20)")
+    tu.add_argument("--processes", type=positive_int, default=None, metavar="N",
+                    help="fresh processes to profile each model in; a group's times are the medians over them "
+                         "(default 3)")
     tu.add_argument("--decision-db", default=None, metavar="FILE",
                     help="database file (default: baselines/decisions/<arch>.json)")
 
@@ -622,7 +630,7 @@ def _baseline(args: argparse.Namespace) -> int:
     from fuseguard.compiler.plugins import env_for, load_plugins
 
     from .baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
-    from .latency import BASELINE_DIR, baseline_path, gate_model
+    from .latency import BASELINE_DIR, PROCESSES, baseline_path, gate_model
     from .worker import Worker, WorkerFailure
 
     load_plugins(args.plugin)
@@ -678,14 +686,16 @@ def _baseline(args: argparse.Namespace) -> int:
         for source in sources:
             try:
                 result, run, key = gate_model(worker, source, options=options, path=path,
-                                              update=args.action == "update", timeout=args.timeout, gate=gate)
+                                              update=args.action == "update", timeout=args.timeout, gate=gate,
+                                              processes=args.processes or PROCESSES)
             except WorkerFailure as err:
                 print(f"fuseguard: error: {str(err).splitlines()[0]}", file=sys.stderr)
                 worst = max(worst, EXIT_MISMATCH)
                 continue
             if args.action == "update":
                 print(f"recorded {key} in {path}: median {run.candidate.median_ms:.3f} ms "
-                      f"({run.reference_kind} {run.reference.median_ms:.3f} ms)")
+                      f"({run.reference_kind} {run.reference.median_ms:.3f} ms), {run.candidate.n} samples "
+                      f"from {run.processes} fresh process(es)")
             else:
                 print(result.line())
                 if result.regressed:
@@ -716,15 +726,12 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
                 **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """Run `task` in `worker` for every MODEL argument; yield (source, result) for the ones that ran and
     report the others in one line each (the exit code lands in `args.worst`)."""
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
-
     from .core import SuiteSpec
 
-    shapes = dict(parse_shape_spec(s) for s in getattr(args, "shape", []))
     for source in _sources(args):
         label = source.label if isinstance(source, SuiteSpec) else str(source)
         result = _call_one(args, worker, task, label, f"{verb} {label}", source=source,
-                           shapes=shapes if not isinstance(source, SuiteSpec) else None, **kwargs)
+                           shapes=_shapes_for(args, source), **kwargs)
         if result is not _FAILED:
             yield source, result
 
@@ -804,11 +811,37 @@ def _tune(args: argparse.Namespace) -> int:
     threads = args.threads or host_cores()
     args.worst = EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
+    from .tune import PROCESSES
+
+    processes = args.processes or PROCESSES
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for _, result in _each_model(args, worker, "fuseguard.verify.tune:tune_model", "tuning", options=options,
-                                     threads=threads, repeats=args.repeats, db=args.decision_db):
-            print(result.render())
+        for source, first in _each_model(args, worker, "fuseguard.verify.tune:profile_for_tuning", "tuning (process 1)",
+                                         options=options, threads=threads, repeats=args.repeats, db=args.decision_db):
+            profiles = [first]
+            label = getattr(source, "label", str(source))
+            for n in range(2, processes + 1):
+                worker.close()          # a fresh process: the builds come from the cache, loaded, not compiled
+                got = _call_one(args, worker, "fuseguard.verify.tune:profile_for_tuning", label,
+                                f"tuning {label} (process {n})", source=source, shapes=_shapes_for(args, source),
+                                options=options, threads=threads, repeats=args.repeats, db=args.decision_db)
+                if got is _FAILED:
+                    break
+                profiles.append(got)
+            else:
+                result = _call_one(args, worker, "fuseguard.verify.tune:record_tuning", label, f"recording {label}",
+                                   profiles=profiles, options=options, db=args.decision_db)
+                if result is not _FAILED:
+                    print(result.render())
     return args.worst
+
+
+def _shapes_for(args: argparse.Namespace, source: Any) -> dict[str, Any] | None:
+    """The --shape pins for a file (suite models carry their own), as `_each_model` passes them."""
+    from fuseguard.compiler.onnx_loader import parse_shape_spec
+
+    from .core import SuiteSpec
+
+    return None if isinstance(source, SuiteSpec) else dict(parse_shape_spec(s) for s in getattr(args, "shape", []))
 
 
 def _conformance(args: argparse.Namespace) -> int:

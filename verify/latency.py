@@ -2,9 +2,11 @@
 
 The worker side (`measure_model`) compiles once, keeps the build, and times it interleaved with a
 same-run reference: ONNX Runtime on the CPU with the same thread count, or on a GPU a fixed calibration
-kernel on the same device. The parent side (`gate_model`) normalises by that reference, asks the gate
-(verify/gate.py) for a verdict, samples more through the worker when the gate is unsure, and records the
-run into `baselines/<arch>.json` when asked to.
+kernel on the same device. The parent side (`gate_model`) measures in several fresh worker processes
+(`PROCESSES`; a cached build costs each a load, not a compile), normalises each process's samples by that
+process's own reference median and pools them (`pool_runs`), asks the gate (verify/gate.py) for a verdict,
+samples more from further fresh processes when the gate is unsure, and records the pooled run into
+`baselines/<arch>.json` when asked to, with the number of processes in its metadata.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ BASELINE_DIR = Path(__file__).resolve().parent.parent / "baselines"
 
 #: Above this share of the machine used by other processes during a run, "slower" becomes "inconclusive".
 BUSY_HOST = 0.10
+#: Fresh worker processes a baseline is recorded from and a check first measures in. Why several: each
+#: process has a speed mode of its own (docs/measurement.md: 1 in 5-10 processes ran 1.2-2x slower, ORT in
+#: it too; an unchanged ResNet-50 read 1.01x of its baseline in one process and 1.12x in the next, each
+#: reproducible). Recorded from one process, a baseline WAS that process's mode: in a series of re-recorded
+#: baselines two came out slow and every later check read 0.72-0.82x. Pooled over several processes, each
+#: normalised by its own reference, a mode is part of the distribution instead of all of it (asv records
+#: across processes for the same reason).
+PROCESSES = 3
 
 # ------------------------------------------------------------------------------------------ worker side
 
@@ -40,6 +50,45 @@ class LatencyRun:
     reference: Samples
     foreign_load: float | None = None   # share of the machine others used while we measured
     model_sha256: str | None = None     # of the ONNX model as compiled (the baseline records it)
+    processes: int = 1                  # fresh processes the samples were pooled from (`pool_runs`)
+    options_sha256: str | None = None   # of the build options (the baseline records it)
+
+
+def options_digest(options: CompileOptions) -> str:
+    """A stable hash of the build options: a baseline recorded with other options is not this build's."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(options.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def pool_runs(runs: Sequence[LatencyRun], reference_ms: float | None = None) -> LatencyRun:
+    """Several processes' runs as one, each normalised by its OWN reference.
+
+    Every process's usable samples, candidate and reference alike, are scaled so that its reference median
+    becomes `reference_ms` (default: the geometric mean of the runs' reference medians). A speed mode that
+    slows a whole process (ORT with it) cancels, and what the gate then divides by the pooled reference
+    median is each sample over its own process's reference. The pooled samples are all usable (each
+    process's preempted ones were set aside before pooling)."""
+    import numpy as np
+
+    if not runs:
+        raise ValueError("pool_runs: no runs")
+    medians = [float(np.median(r.reference.usable_ms)) for r in runs]
+    common = reference_ms if reference_ms is not None else float(np.exp(np.mean(np.log(medians))))
+    cand: list[float] = []
+    ref: list[float] = []
+    for run, median in zip(runs, medians):
+        scale = common / median
+        cand.extend(float(v) * 1e6 * scale for v in run.candidate.usable_ms)
+        ref.extend(float(v) * 1e6 * scale for v in run.reference.usable_ms)
+    loads = [r.foreign_load for r in runs if r.foreign_load is not None]
+    first = runs[0]
+    from dataclasses import replace
+
+    return replace(first, candidate=Samples(tuple(cand), threads=first.threads),
+                   reference=Samples(tuple(ref), threads=first.threads),
+                   foreign_load=max(loads) if loads else None, processes=sum(r.processes for r in runs))
 
 
 def _calibration_kernel(spec):
@@ -140,82 +189,98 @@ def entry_key(run: LatencyRun, options: CompileOptions) -> str:
 
 def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path, update: bool = False,
                candidate_dir: Path | None = None, gate: Any = None, timeout: float | None = None,
-               repeats: int = 15, what: str | None = None) -> tuple[Any, LatencyRun, str]:
-    """Measure in `worker`, gate against `path`, record when updating. Returns (GateResult, run, key)."""
-    from .baselines import Entry, Metadata, load_baselines, record
-    from .gate import Gate, Measurement
+               repeats: int = 15, what: str | None = None, processes: int = PROCESSES) -> tuple[Any, LatencyRun, str]:
+    """Measure in `processes` fresh worker processes, gate the pooled run against `path`, record when
+    updating. More samples, when the gate is unsure, come from further fresh processes, and a suspected
+    slowdown must reproduce in a second set of fresh processes. Returns (GateResult, pooled run, key)."""
+    from dataclasses import replace
 
+    from .baselines import Entry, Metadata, load_baselines, record
+    from .gate import Gate, GateResult, Measurement, Verdict
+
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
     gate = gate or Gate()
     what = what or f"timing {getattr(source, 'label', source)}"
+    options_sha = options_digest(options)
 
-    def measure(n: int) -> LatencyRun:
+    def fresh(n: int) -> LatencyRun:
+        """One run in a fresh process: the worker is restarted (a cached build is loaded, not compiled)."""
+        worker.close()
         return worker.call("fuseguard.verify.latency:measure_model", what=what, timeout=timeout, source=source,
-                           options=options, repeats=n, warmup=1)
+                           options=options, repeats=n)
+
+    def pooled_set(n: int) -> LatencyRun:
+        return pool_runs([fresh(repeats) for _ in range(n)])
 
     baselines = load_baselines(path)           # a corrupt file fails here, loudly, and is left untouched
-    run = worker.call("fuseguard.verify.latency:measure_model", what=what, timeout=timeout, source=source, options=options,
-                      repeats=repeats)
+    run = replace(pooled_set(processes), options_sha256=options_sha)
     key = entry_key(run, options)
+    common_ref = run.reference.median_ms       # later processes are scaled to the same reference median
     measurement = Measurement.of(run.candidate, run.reference, run.reference_kind)
-
     loads: list[float] = [run.foreign_load] if run.foreign_load is not None else []
 
     def more_tracked(n: int) -> Measurement:
-        extra = measure(max(n, 3))
+        extra = pool_runs([fresh(max(n, 3))], reference_ms=common_ref)
         if extra.foreign_load is not None:
             loads.append(extra.foreign_load)
         return Measurement.of(extra.candidate, extra.reference, extra.reference_kind)
 
     entry = baselines.lookup(key)
-    stored = entry.metadata.model_sha256 if entry is not None else None
-    if stored and run.model_sha256 and stored != run.model_sha256 and not update:
-        # Same name, shapes and fusion, different model: gating it against the other model's latency
-        # would be silently wrong either way.
-        from .gate import GateResult, Verdict
-
+    changed = _changed_since(entry, run) if not update else None
+    if changed:
+        # Same name, shapes and fusion, a different model or build: gating it against the other one's
+        # latency would be silently wrong either way.
+        policy = gate.policy_for(key)
         result = GateResult(run.model, Verdict.NO_BASELINE, None, None, None, len(measurement.samples_ms), 0,
-                            gate.policy_for(key).factor, gate.policy_for(key).confidence, normalised=False,
-                            note=f"model changed since the baseline (sha256 {stored[:12]} recorded, "
-                                 f"{run.model_sha256[:12]} now): re-record it with --update-baselines")
+                            policy.factor, policy.confidence, normalised=False,
+                            note=f"{changed}: re-record it with --update-baselines")
         return result, run, key
     result = gate.check(key, measurement, baselines, more=more_tracked, name=run.model)
     if result.regressed:
-        # Confirm in a fresh process. Timings within one process share its memory placement and thread
-        # layout, so its samples agree with each other more than runs of different processes do: an
-        # unchanged ResNet-50 measured 1.12x "slower" (p=3e-32) in one worker and 1.01x in the next. A real
-        # regression reproduces in every process.
-        from dataclasses import replace
-
-        from .gate import Verdict
-
-        worker.close()
-        again = measure(repeats)
+        # Confirm in a second set of fresh processes: a real regression reproduces in every process set,
+        # a process's speed mode does not (an unchanged ResNet-50 once read 1.12x, p=3e-32, in one worker
+        # and 1.01x in the next).
+        again = pooled_set(processes)
         if again.foreign_load is not None:
             loads.append(again.foreign_load)
         second = gate.check(key, Measurement.of(again.candidate, again.reference, again.reference_kind), baselines,
                             more=more_tracked, name=run.model)
         if second.regressed:
-            result = replace(second, note="; ".join(x for x in ("confirmed in a fresh process", second.note) if x))
+            result = replace(second, note="; ".join(x for x in (f"confirmed in {processes} more fresh process(es)",
+                                                                 second.note) if x))
         else:
             result = replace(result, verdict=Verdict.INCONCLUSIVE,
-                             note=f"did not reproduce in a fresh process ({second.verdict.value} "
+                             note=f"did not reproduce in fresh processes ({second.verdict.value} "
                                   f"{second.ratio:.2f}x)" if second.ratio is not None else
-                                  "did not reproduce in a fresh process")
+                                  "did not reproduce in fresh processes")
     busiest = max(loads, default=0.0)
     if result.regressed and busiest > BUSY_HOST:
-        from dataclasses import replace
-
-        from .gate import Verdict
-
         result = replace(result, verdict=Verdict.INCONCLUSIVE,
                          note=f"host busy: other processes used {busiest:.0%} of the CPUs while measuring; "
                               f"{result.note}".rstrip("; "))
+    result = replace(result, note="; ".join(x for x in (result.note, f"{run.processes} fresh process(es)") if x))
     if update or candidate_dir is not None:
         meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind,
-                                model_sha256=run.model_sha256)
+                                model_sha256=run.model_sha256, processes=run.processes,
+                                options_sha256=run.options_sha256)
         entry = Entry.from_samples(run.candidate, meta, reference_ms=run.reference)
         if update:
             record(path, key, entry)
         if candidate_dir is not None:
             record(Path(candidate_dir) / path.name, key, entry)
     return result, run, key
+
+
+def _changed_since(entry: Any, run: LatencyRun) -> str | None:
+    """Why `entry` is not a baseline of this run's model and build, or None when it is (or cannot tell)."""
+    if entry is None:
+        return None
+    meta = entry.metadata
+    if meta.model_sha256 and run.model_sha256 and meta.model_sha256 != run.model_sha256:
+        return (f"model changed since the baseline (sha256 {meta.model_sha256[:12]} recorded, "
+                f"{run.model_sha256[:12]} now)")
+    if meta.options_sha256 and run.options_sha256 and meta.options_sha256 != run.options_sha256:
+        return (f"build options changed since the baseline (options sha256 {meta.options_sha256[:12]} recorded, "
+                f"{run.options_sha256[:12]} now)")
+    return None

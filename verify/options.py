@@ -137,9 +137,12 @@ def _dynamic_dims(text: str) -> tuple:
         raise argparse.ArgumentTypeError(str(err).removeprefix(f"--dynamic {text!r}: ")) from None
 
 
-def _draws(text: str) -> int:
-    value = _number(text, lambda v: v >= 1 and v == int(v), "an integer >= 1")
-    return int(value)
+def positive_int(text: str) -> int:
+    """A count: an integer >= 1."""
+    return int(_number(text, lambda v: v >= 1 and v == int(v), "an integer >= 1"))
+
+
+_draws = positive_int
 
 
 def add_compare_options(addoption: AddOption, prefix: str = "") -> None:

@@ -4,6 +4,8 @@ The analytic cost model (compiler/cost.py) decides first; where this database ho
 same group structure on the same architecture, the measurement wins (compiler/decisions.py). A group is
 split back only when its fused kernel is slower than its unfused parts by more than `TUNE_MARGIN` and
 `TUNE_MIN_US`: inside them one process's timing noise decides, and fusing keeps the memory-traffic saving.
+Each model is profiled in `PROCESSES` fresh processes and each group's times are the medians over them: a
+verdict written into the database outlives the process it was measured in.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ TUNE_MARGIN = 0.05
 #: subtracted: kernels shorter than that read 0.0-0.2 us (vit_tiny's unfused add + LayerNorm parts, against
 #: 1-2 us fused), so a relative margin alone split back groups on the hook's own noise (3 of vit_tiny's 5).
 TUNE_MIN_US = 2.0
+#: Fresh processes `fuseguard tune` profiles each model in (`--processes`). Why not one: a whole process can
+#: run in a slow mode (docs/measurement.md: 1 in 5-10 processes ran 1.2-2x slower), and a kernel's placement
+#: in memory differs per process; the median of three takes neither one process's mode nor its luck.
+PROCESSES = 3
 
 
 @dataclass
@@ -28,14 +34,15 @@ class TuneResult:
     model: str
     path: str
     decisions: list[dict[str, Any]] = field(default_factory=list)    # key, pattern, fused_us, parts_us, fuse
+    processes: int = 1
 
     @property
     def split(self) -> list[dict[str, Any]]:
         return [d for d in self.decisions if not d["fuse"]]
 
     def render(self) -> str:
-        lines = [f"{self.model}: {len(self.decisions)} group shape(s) measured, {len(self.split)} split back "
-                 f"-> {self.path}"]
+        lines = [f"{self.model}: {len(self.decisions)} group shape(s) measured in {self.processes} fresh "
+                 f"process(es), {len(self.split)} split back -> {self.path}"]
         for d in self.decisions:
             lines.append(f"  {d['pattern']:18s} fused {d['fused_us']:8.1f} us  parts {d['parts_us']:8.1f} us  "
                          f"({d['instances']}x)  {'fuse' if d['fuse'] else 'SPLIT'}")
@@ -64,27 +71,61 @@ def measured_verdicts(groups: Sequence[Any], model: str, when: str) -> dict[str,
     return out
 
 
-def tune_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
-               threads: int | None = None, repeats: int = 20, db: str | None = None) -> TuneResult:
-    """Profile with estimates only, then write each group shape's measured verdict into the database."""
+def merge_groups(profiles: Sequence[Any]) -> list[Any]:
+    """Each group's fused and parts times as the medians over several profiles of the same builds."""
+    import numpy as np
+
+    from fuseguard.compiler.errors import FuseguardError
+
+    first = profiles[0].groups
+    shape = [(g.kernel, tuple(g.nodes)) for g in first]
+    for other in profiles[1:]:
+        if [(g.kernel, tuple(g.nodes)) for g in other.groups] != shape:
+            raise FuseguardError(f"{profiles[0].model}: the profiles to merge are of different builds "
+                                 f"(a build changed between processes?)")
+    return [replace(g, fused_us=float(np.median([p.groups[i].fused_us for p in profiles])),
+                    parts_us=float(np.median([p.groups[i].parts_us for p in profiles])))
+            for i, g in enumerate(first)]
+
+
+def _db_path(options: Any, db: str | None) -> Path:
     from fuseguard.compiler import decisions
-    from fuseguard.compiler.pipeline import CompileOptions
     from fuseguard.compiler.target import resolve
 
-    from .atomic import update_json
-    from .profile import profile_model
-
-    options = options or CompileOptions()
     path = decisions.db_path(resolve(options.gpu_arch, options.mcpu).class_id,
                              db if db is not None else options.decision_db)
     if path is None:
         from fuseguard.compiler.errors import UsageError
 
         raise UsageError("fuseguard tune: the decision database is switched off (FUSEGUARD_DECISION_DB='')")
-    profile = profile_model(source, shapes=shapes, options=replace(options, decision_db=""), threads=threads,
-                            repeats=repeats)
+    return Path(path)
+
+
+def profile_for_tuning(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
+                       threads: int | None = None, repeats: int = 20, db: str | None = None) -> Any:
+    """One process's profile of `source` built on the estimate alone (no earlier measurement decides)."""
+    from fuseguard.compiler.pipeline import CompileOptions
+
+    from .profile import profile_model
+
+    options = options or CompileOptions()
+    _db_path(options, db)                                   # refuse a switched-off database before timing
+    return profile_model(source, shapes=shapes, options=replace(options, decision_db=""), threads=threads,
+                         repeats=repeats)
+
+
+def record_tuning(profiles: Sequence[Any], *, options: Any = None, db: str | None = None) -> TuneResult:
+    """Write each group shape's verdict, from the medians over `profiles`, into the decision database."""
+    from fuseguard.compiler import decisions
+    from fuseguard.compiler.pipeline import CompileOptions
+
+    from .atomic import update_json
+
+    options = options or CompileOptions()
+    path = _db_path(options, db)
+    model = profiles[0].model
     when = _dt.date.today().isoformat()
-    verdicts = measured_verdicts(profile.groups, profile.model, when)
+    verdicts = measured_verdicts(merge_groups(profiles), model, when)
     header = {"schema": decisions.SCHEMA, "versions": decisions.versions()}
 
     def mutate(doc: dict[str, Any]) -> None:
@@ -95,10 +136,18 @@ def tune_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None
         for key, (measured, pattern, _) in verdicts.items():
             entries[key] = {**decisions.entry(measured), "pattern": pattern}
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     update_json(path, mutate)
-    result = TuneResult(model=profile.model, path=str(path))
+    result = TuneResult(model=model, path=str(path), processes=len(profiles))
     for key, (m, pattern, n) in sorted(verdicts.items(), key=lambda kv: kv[1][1]):
         result.decisions.append({"key": key, "pattern": pattern, "fused_us": m.fused_us, "parts_us": m.parts_us,
                                  "fuse": m.fuse, "instances": n})
     return result
+
+
+def tune_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
+               threads: int | None = None, repeats: int = 20, db: str | None = None) -> TuneResult:
+    """Profile in this process with estimates only, then record the verdicts (one process: `fuseguard tune`
+    takes several, `profile_for_tuning` in each and `record_tuning` over them)."""
+    profile = profile_for_tuning(source, shapes=shapes, options=options, threads=threads, repeats=repeats, db=db)
+    return record_tuning([profile], options=options, db=db)
