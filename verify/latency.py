@@ -33,6 +33,16 @@ BUSY_HOST = 0.10
 #: normalised by its own reference, a mode is part of the distribution instead of all of it (asv records
 #: across processes for the same reason).
 PROCESSES = 3
+#: A recording is taken as this many sets of `processes` fresh processes, one after another, and a set whose
+#: normalised median lies more than `SET_OUTLIER` from the median of the sets is dropped before pooling.
+#: Why: a whole recording can land in a slow phase of the host that no per-process normalisation cancels
+#: (benchmarks/baseline_power.py, SPR class, 3 processes a recording: two of five recordings read 0.97 and
+#: 1.02x ORT where the other three and all 50 checks around them read 0.77-0.78x; every later check then
+#: called the +10% build "faster"). A recording is rare and a bad one poisons every check after it.
+RECORD_SETS = 3
+#: Set-to-set spread of the normalised median when nothing is wrong: 0.76-0.82x over ten sets of three
+#: processes of the same build (the 10-layer stack above), so a set 5% off the others' median is suspect.
+SET_OUTLIER = 0.05
 
 # ------------------------------------------------------------------------------------------ worker side
 
@@ -214,7 +224,11 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
         return pool_runs([fresh(repeats) for _ in range(n)])
 
     baselines = load_baselines(path)           # a corrupt file fails here, loudly, and is left untouched
-    run = replace(pooled_set(processes), options_sha256=options_sha)
+    if update:
+        run, dropped = record_sets([pooled_set(processes) for _ in range(RECORD_SETS)])
+    else:
+        run, dropped = pooled_set(processes), ""
+    run = replace(run, options_sha256=options_sha)
     key = entry_key(run, options)
     common_ref = run.reference.median_ms       # later processes are scaled to the same reference median
     measurement = Measurement.of(run.candidate, run.reference, run.reference_kind)
@@ -259,7 +273,8 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
         result = replace(result, verdict=Verdict.INCONCLUSIVE,
                          note=f"host busy: other processes used {busiest:.0%} of the CPUs while measuring; "
                               f"{result.note}".rstrip("; "))
-    result = replace(result, note="; ".join(x for x in (result.note, f"{run.processes} fresh process(es)") if x))
+    result = replace(result, note="; ".join(x for x in (result.note, f"{run.processes} fresh process(es)", dropped)
+                                            if x))
     if update or candidate_dir is not None:
         meta = Metadata.collect(run.device, threads=run.threads, reference_kind=run.reference_kind,
                                 model_sha256=run.model_sha256, processes=run.processes,
@@ -284,3 +299,24 @@ def _changed_since(entry: Any, run: LatencyRun) -> str | None:
         return (f"build options changed since the baseline (options sha256 {meta.options_sha256[:12]} recorded, "
                 f"{run.options_sha256[:12]} now)")
     return None
+
+
+def normalised_median(run: LatencyRun) -> float:
+    return run.candidate.median_ms / run.reference.median_ms
+
+
+def record_sets(sets: Sequence[LatencyRun], outlier: float = SET_OUTLIER) -> tuple[LatencyRun, str]:
+    """The sets of a recording pooled, without the one farthest from the sets' median when it is more than
+    `outlier` (relative) from it; (pooled run, a note saying what was dropped or "")."""
+    import numpy as np
+
+    values = [normalised_median(s) for s in sets]
+    centre = float(np.median(values))
+    far = max(range(len(sets)), key=lambda i: abs(values[i] / centre - 1))
+    if len(sets) >= 3 and abs(values[far] / centre - 1) > outlier:
+        kept = [s for i, s in enumerate(sets) if i != far]
+        note = (f"recording: one set of {sets[far].processes} process(es) read {values[far]:.3f}x its reference "
+                f"against the others' {', '.join(f'{v:.3f}x' for i, v in enumerate(values) if i != far)}: left out")
+    else:
+        kept, note = list(sets), ""
+    return pool_runs(kept, reference_ms=float(np.exp(np.mean([np.log(s.reference.median_ms) for s in kept])))), note
