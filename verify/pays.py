@@ -64,25 +64,34 @@ def check_fusion_pays(worker: Any, source: Any, *, options: Any, threads: int, e
                       shapes: Mapping[str, Sequence[int]] | None = None) -> PaysResult:
     """Compile and export in `worker`, then time in fresh processes until the verdict is clear or the budget
     is spent."""
-    from .worker import Worker
-
     label = getattr(source, "label", str(source))
     with tempfile.TemporaryDirectory(prefix="fuseguard-pays-") as tmp:
         meta = worker.call("fuseguard.verify.bench:prepare_bench", what=f"compiling {label}", timeout=timeout,
                            source=source, directory=tmp, shapes=shapes, options=options)
-        ratios: list[float] = []
-        verdict, est, ci = "inconclusive", float("nan"), (float("nan"), float("nan"))
-        while len(ratios) < max_processes:
-            with Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=dict(env)) as timer:
-                run = timer.call("fuseguard.verify.bench:time_prepared", what=f"timing {label}", timeout=timeout,
-                                 directory=tmp, threads=threads, repeats=repeats,
-                                 contenders=("tvm_fused", "tvm_unfused"))
-            import numpy as np
+        return time_prepared_pays(tmp, meta["model"], threads=threads, env=env, processes=processes,
+                                  max_processes=max_processes, repeats=repeats, factor=factor, timeout=timeout)
 
-            ratios.append(float(np.median(run["tvm_fused"]) / np.median(run["tvm_unfused"])))
-            if len(ratios) >= max(2, processes):
-                verdict, est, ci = decide(ratios, factor)
-                if verdict != "inconclusive":
-                    break
-    return PaysResult(model=meta["model"], verdict=verdict, ratio=est, ci=ci, processes=len(ratios),
-                      per_process=ratios, factor=factor)
+
+def time_prepared_pays(directory: str, model: str, *, threads: int, env: Mapping[str, str], processes: int = 3,
+                       max_processes: int = 8, repeats: int = 9, factor: float = PAYS_FACTOR,
+                       timeout: float = 900.0) -> PaysResult:
+    """The verdict on a prepared directory (`bench.prepare_bench`'s layout): fresh timing processes, one
+    fused/unfused ratio each, until the interval clears `factor` or `max_processes` are spent."""
+    import numpy as np
+
+    from .worker import Worker
+
+    ratios: list[float] = []
+    verdict, est, ci = "inconclusive", float("nan"), (float("nan"), float("nan"))
+    while len(ratios) < max_processes:
+        with Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=dict(env)) as timer:
+            run = timer.call("fuseguard.verify.bench:time_prepared", what=f"timing {model}", timeout=timeout,
+                             directory=directory, threads=threads, repeats=repeats,
+                             contenders=("tvm_fused", "tvm_unfused"))
+        ratios.append(float(np.median(run["tvm_fused"]) / np.median(run["tvm_unfused"])))
+        if len(ratios) >= max(2, processes):
+            verdict, est, ci = decide(ratios, factor)
+            if verdict != "inconclusive":
+                break
+    return PaysResult(model=model, verdict=verdict, ratio=est, ci=ci, processes=len(ratios), per_process=ratios,
+                      factor=factor)
