@@ -91,6 +91,32 @@ def trial(directory: Path, threads: int, processes: int, repeats: int, policy: G
     return result.verdict, float(result.ratio or float("nan")), len(runs)
 
 
+def run_trials(kinds: list[str], one) -> tuple[dict[str, Counter], dict[str, list[float]], dict[str, list[int]], float]:
+    """Run `one(kind) -> (verdict, ratio, processes, line)` for the kinds shuffled (slow phases of the machine
+    spread over all kinds); per kind the verdict counts, ratios and process counts, and the seconds taken."""
+    order = list(kinds)
+    random.Random(0).shuffle(order)
+    verdicts: dict[str, Counter] = {k: Counter() for k in dict.fromkeys(kinds)}
+    ratios: dict[str, list[float]] = {k: [] for k in verdicts}
+    procs: dict[str, list[int]] = {k: [] for k in verdicts}
+    start = time.perf_counter()
+    for i, kind in enumerate(order, 1):
+        verdict, ratio, n, line = one(kind)
+        verdicts[kind][verdict] += 1
+        ratios[kind].append(ratio)
+        procs[kind].append(n)
+        print(f"[{i}/{len(order)}] {kind}: {line}", flush=True)
+    return verdicts, ratios, procs, time.perf_counter() - start
+
+
+def summarise(verdicts: dict[str, Counter], ratios: dict[str, list[float]],
+              procs: dict[str, list[int]]) -> dict[str, dict]:
+    """Per kind of trial: the count of each verdict, the median ratio and the mean processes a trial took."""
+    return {kind: {"trials": sum(c.values()), **c, "median_ratio": float(np.median(ratios[kind])),
+                   "mean_processes": float(np.mean(procs[kind]))}
+            for kind, c in verdicts.items() if sum(c.values())}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--aa", type=int, default=40, help="A/A trials (default 40)")
@@ -108,31 +134,20 @@ def main(argv: list[str]) -> int:
         prepare(dirs["+10%"], 10, 11)
         prepare(dirs["+50%"], 10, 15)
         kinds = ["A/A"] * args.aa + ["+10%"] * args.slow + ["+50%"] * args.big
-        random.Random(0).shuffle(kinds)
-        verdicts: dict[str, Counter] = {k: Counter() for k in dirs}
-        ratios: dict[str, list[float]] = {k: [] for k in dirs}
-        procs: dict[str, list[int]] = {k: [] for k in dirs}
-        start = time.perf_counter()
-        for i, kind in enumerate(kinds, 1):
+
+        def one(kind: str) -> tuple[str, float, int, str]:
             verdict, ratio, n = trial(dirs[kind], threads, args.processes, args.repeats, policy)
-            verdicts[kind][verdict.value] += 1
-            ratios[kind].append(ratio)
-            procs[kind].append(n)
-            print(f"[{i}/{len(kinds)}] {kind}: {verdict.value} {ratio:.3f}x ({n} processes)", flush=True)
-        elapsed = time.perf_counter() - start
+            return verdict.value, ratio, n, f"{verdict.value} {ratio:.3f}x ({n} processes)"
+
+        verdicts, ratios, procs, elapsed = run_trials(kinds, one)
     print(f"\nA/B gate power, {threads} threads, factor 1.10, {len(kinds)} trials in {elapsed / 60:.1f} min "
           f"({elapsed / len(kinds):.1f} s per trial)")
     print(f"{'arm':6s} {'trials':>6s} {'slower':>7s} {'same':>5s} {'faster':>6s} {'inconcl.':>8s} "
           f"{'median ratio':>12s} {'processes':>9s}")
-    summary = {}
-    for kind, c in verdicts.items():
-        n = sum(c.values())
-        if not n:
-            continue
-        print(f"{kind:6s} {n:6d} {c['slower']:7d} {c['same']:5d} {c['faster']:6d} {c['inconclusive']:8d} "
-              f"{np.median(ratios[kind]):12.3f} {np.mean(procs[kind]):9.1f}")
-        summary[kind] = {"trials": n, **c, "median_ratio": float(np.median(ratios[kind])),
-                         "mean_processes": float(np.mean(procs[kind]))}
+    summary = summarise(verdicts, ratios, procs)
+    for kind, c in summary.items():
+        print(f"{kind:6s} {c['trials']:6d} {c.get('slower', 0):7d} {c.get('same', 0):5d} {c.get('faster', 0):6d} "
+              f"{c.get('inconclusive', 0):8d} {c['median_ratio']:12.3f} {c['mean_processes']:9.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
     return 0

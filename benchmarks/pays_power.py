@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 import tempfile
-import time
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ab_power import stack  # noqa: E402
+from ab_power import run_trials, stack, summarise  # noqa: E402
 from baseline_power import PLUGIN, true_slowdown  # noqa: E402
 
 from fuseguard.compiler.plugins import env_for  # noqa: E402
@@ -74,29 +70,18 @@ def main(argv: list[str]) -> int:
         truth = true_slowdown(model, env)
         print(f"true slowdown of the slowed build, interleaved in one process: {truth:.3f}x", flush=True)
         kinds = ["A/A"] * args.aa + ["+10%"] * args.slow
-        random.Random(0).shuffle(kinds)
-        verdicts: dict[str, Counter] = {k: Counter() for k in dirs}
-        ratios: dict[str, list[float]] = {k: [] for k in dirs}
-        procs: dict[str, list[int]] = {k: [] for k in dirs}
-        start = time.perf_counter()
-        for i, kind in enumerate(kinds, 1):
+
+        def one(kind: str) -> tuple[str, float, int, str]:
             result = time_prepared_pays(str(dirs[kind]), "stack", threads=threads, env=pays_env)
-            verdicts[kind][result.verdict] += 1
-            ratios[kind].append(result.ratio)
-            procs[kind].append(result.processes)
-            print(f"[{i}/{len(kinds)}] {kind}: {result.line()}", flush=True)
-        elapsed = time.perf_counter() - start
+            return result.verdict, result.ratio, result.processes, result.line()
+
+        verdicts, ratios, procs, elapsed = run_trials(kinds, one)
     print(f"\nfusion-pays gate power, {threads} threads, limit {PAYS_FACTOR}x, true slowdown {truth:.3f}x, "
           f"{len(kinds)} trials in {elapsed / 60:.1f} min ({elapsed / len(kinds):.1f} s per trial)")
-    summary = {}
-    for kind, c in verdicts.items():
-        n = sum(c.values())
-        if not n:
-            continue
-        print(f"{kind:5s}: {n} trials: " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
-              + f"; median ratio {np.median(ratios[kind]):.3f}, {np.mean(procs[kind]):.1f} processes on average")
-        summary[kind] = {"trials": n, **c, "median_ratio": float(np.median(ratios[kind])),
-                         "mean_processes": float(np.mean(procs[kind]))}
+    summary = summarise(verdicts, ratios, procs)
+    for kind, c in summary.items():
+        print(f"{kind:5s}: {c['trials']} trials: " + ", ".join(f"{verdicts[kind][k]} {k}" for k in sorted(verdicts[kind]))
+              + f"; median ratio {c['median_ratio']:.3f}, {c['mean_processes']:.1f} processes on average")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "true_slowdown": truth,
                                                "seconds_per_trial": elapsed / len(kinds)}, indent=2))
