@@ -200,6 +200,9 @@ def test_close_stops_the_child_and_a_later_call_restarts_it() -> None:
 
 
 def test_interrupt_in_the_parent_kills_the_busy_child(worker: Worker) -> None:
+    # Ctrl-C as a terminal delivers it: a pytest started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then never installs its KeyboardInterrupt handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     pid = worker.call("worker_tasks:getpid", what="asking the pid")
     timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     timer.start()
@@ -208,6 +211,7 @@ def test_interrupt_in_the_parent_kills_the_busy_child(worker: Worker) -> None:
             worker.call("worker_tasks:hang", what="hanging", seconds=100)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert not psutil.pid_exists(pid)
     assert worker.call("worker_tasks:add", what="adding", a=1, b=2) == 3
 
