@@ -131,8 +131,9 @@ def main(argv: list[str]) -> int:
             rows.append({"round": rnd, "baseline_normalised": normalised, "record_s": record_s, "set_dropped": dropped,
                          "baseline_ms": run.candidate.median_ms, "ort_ms": run.reference.median_ms,
                          "aa": dict(got["A/A"]), "slow": dict(got["+10%"])})
+            said = f"; {recorded.note}" if dropped else ""
             print(f"round {rnd}: baseline {normalised:.4f}x ORT ({run.candidate.median_ms:.3f} / "
-                  f"{run.reference.median_ms:.3f} ms, recorded in {record_s:.0f} s{'; ' + recorded.note if dropped else ''}); "
+                  f"{run.reference.median_ms:.3f} ms, recorded in {record_s:.0f} s{said}); "
                   f"A/A slower {got['A/A']['slower']}/{args.checks}, +10% slower {got['+10%']['slower']}/{args.checks}",
                   flush=True)
         elapsed = time.perf_counter() - start

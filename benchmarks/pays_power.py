@@ -80,8 +80,9 @@ def main(argv: list[str]) -> int:
           f"{len(kinds)} trials in {elapsed / 60:.1f} min ({elapsed / len(kinds):.1f} s per trial)")
     summary = summarise(verdicts, ratios, procs)
     for kind, c in summary.items():
-        print(f"{kind:5s}: {c['trials']} trials: " + ", ".join(f"{verdicts[kind][k]} {k}" for k in sorted(verdicts[kind]))
-              + f"; median ratio {c['median_ratio']:.3f}, {c['mean_processes']:.1f} processes on average")
+        counts = ", ".join(f"{verdicts[kind][k]} {k}" for k in sorted(verdicts[kind]))
+        print(f"{kind:5s}: {c['trials']} trials: {counts}; median ratio {c['median_ratio']:.3f}, "
+              f"{c['mean_processes']:.1f} processes on average")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "true_slowdown": truth,
                                                "seconds_per_trial": elapsed / len(kinds)}, indent=2))

@@ -161,6 +161,8 @@ AT = f"baselines/sm_80.json: entry '{KEY}': "
     (_set("metadata.cuda", 12.4), AT + "metadata.cuda must be a non-empty string or null, got 12.4"),
     (_set("metadata.date", "yesterday"), AT + 'metadata.date must be an ISO 8601 date-time, got "yesterday"'),
     (_set("metadata.threads", 0), AT + "metadata.threads must be a positive integer or null, got 0"),
+    (_set("metadata.processes", 1.5), AT + "metadata.processes must be a positive integer or null, got 1.5"),
+    (_set("metadata.options_sha256", "abc"), AT + 'metadata.options_sha256 must be a hex digest or null, got "abc"'),
     (_set("metadata.git_commit", "HEAD"),
      AT + 'metadata.git_commit must be 7-40 lowercase hex digits or null, got "HEAD"'),
     (_set("metadata.reference_kind", None),

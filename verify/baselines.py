@@ -332,7 +332,8 @@ def _check_entry(key: Any, entry: Any, problems: list[str], where: str) -> None:
     for name in sorted(meta.keys() - _META_FIELDS - _META_OPTIONAL):
         problems.append(f"{at}: metadata has unknown field '{name}'")
     for name in ("model_sha256", "options_sha256"):
-        if meta.get(name) is not None and not (isinstance(meta[name], str) and re.fullmatch(r"[0-9a-f]{64}", meta[name])):
+        value = meta.get(name)
+        if value is not None and not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value)):
             problems.append(f"{at}: metadata.{name} must be a hex digest or null, got {_show(meta[name])}")
     for name in ("device", "tvm_version", "fuseguard_version", "date"):
         if name in meta and not (isinstance(meta[name], str) and meta[name].strip()):
