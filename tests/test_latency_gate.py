@@ -190,3 +190,21 @@ def test_a_recording_leaves_out_a_set_taken_in_a_slow_phase() -> None:
     assert abs(run.candidate.median_ms / run.reference.median_ms - 0.775) < 0.01
     run, note = record_sets([one_set(0.78), one_set(0.80), one_set(0.77)])
     assert run.processes == 9 and note == ""
+
+
+def test_cli_records_from_fresh_processes_and_checks(tmp_path: Path) -> None:
+    """`fuseguard baseline update` then `check`, as a user runs them: the recording says how many fresh
+    processes it pooled, the file records it, and the unchanged build passes its own baseline."""
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "baseline", *args, "conv_bn_relu",
+                               "--baseline-dir", str(tmp_path), "--processes", "2"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+
+    update = cli("update")
+    assert update.returncode == 0, update.stderr
+    assert "recorded conv_bn_relu|" in update.stdout and "fresh process(es)" in update.stdout
+    entry = next(iter(json.loads(only_file(tmp_path).read_text())["entries"].values()))
+    assert entry["metadata"]["processes"] in (4, 6) and len(entry["metadata"]["options_sha256"]) == 64
+    check = cli("check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "conv_bn_relu: " in check.stdout and "2 fresh process(es)" in check.stdout, check.stdout
