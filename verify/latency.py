@@ -12,7 +12,7 @@ samples more from further fresh processes when the gate is unsure, and records t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,6 @@ def pool_runs(runs: Sequence[LatencyRun], reference_ms: float | None = None) -> 
         ref.extend(float(v) * 1e6 * scale for v in run.reference.usable_ms)
     loads = [r.foreign_load for r in runs if r.foreign_load is not None]
     first = runs[0]
-    from dataclasses import replace
-
     return replace(first, candidate=Samples(tuple(cand), threads=first.threads),
                    reference=Samples(tuple(ref), threads=first.threads),
                    foreign_load=max(loads) if loads else None, processes=sum(r.processes for r in runs))
@@ -203,8 +201,6 @@ def gate_model(worker: Any, source: Any, *, options: CompileOptions, path: Path,
     """Measure in `processes` fresh worker processes, gate the pooled run against `path`, record when
     updating. More samples, when the gate is unsure, come from further fresh processes, and a suspected
     slowdown must reproduce in a second set of fresh processes. Returns (GateResult, pooled run, key)."""
-    from dataclasses import replace
-
     from .baselines import Entry, Metadata, load_baselines, record
     from .gate import Gate, GateResult, Measurement, Verdict
 
@@ -319,4 +315,4 @@ def record_sets(sets: Sequence[LatencyRun], outlier: float = SET_OUTLIER) -> tup
                 f"against the others' {', '.join(f'{v:.3f}x' for i, v in enumerate(values) if i != far)}: left out")
     else:
         kept, note = list(sets), ""
-    return pool_runs(kept, reference_ms=float(np.exp(np.mean([np.log(s.reference.median_ms) for s in kept])))), note
+    return pool_runs(kept), note
