@@ -23,7 +23,7 @@ def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def only_file(directory: Path) -> Path:
-    (path,) = [p for p in directory.glob("*.json")]
+    (path,) = [p for p in directory.glob("*.json") if p.name != "gate.json"]
     return path
 
 
@@ -200,6 +200,12 @@ def test_cli_records_from_fresh_processes_and_checks(tmp_path: Path) -> None:
                                "--baseline-dir", str(tmp_path), "--processes", "2"], cwd=ROOT, capture_output=True,
                               text=True, timeout=600)
 
+    # The check gates with a loose factor from the baseline directory's gate.json (the documented per-model
+    # override): this test is about the CLI's plumbing, not the gate's power. At the default 1.10 one CI run
+    # (2-core runner, class not recorded) read the unchanged build 1.15x of the baseline recorded 20 s
+    # earlier, confirmed in 2 more processes: a host phase no same-run reference cancels. The stored gate's
+    # false-alarm rate is measured in benchmarks/baseline_power.py, not asserted from one trial here.
+    (tmp_path / "gate.json").write_text(json.dumps({"conv_bn_relu": {"factor": 1.6}}))
     update = cli("update")
     assert update.returncode == 0, update.stderr
     assert "recorded conv_bn_relu|" in update.stdout and "fresh process(es)" in update.stdout
