@@ -151,9 +151,6 @@ def pin_shapes(
                 if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != g:
                     raise ShapeError(f"{label}: --shape {inp.name}: dimension {axis} is fixed to {d.dim_value} "
                                      f"in the model {_show_dims(dims)}, got {g}")
-            if any(d == 0 for d in shape):
-                raise ShapeError(f"{label}: input '{inp.name}' has a zero-size dimension {shape} ({spec}); "
-                                 "fuseguard verifies non-empty tensors only")
         elif inp.name in hints and _fits(dims, hints[inp.name]) and all(int(d) > 0 for d in hints[inp.name]):
             shape = tuple(int(d) for d in hints[inp.name])
         elif dims is None:

@@ -197,3 +197,23 @@ def test_ratio_interval_from_processes_and_from_one_process() -> None:
     assert lo < est < hi and 0.9 < est < 1.1
     est1, (lo1, hi1) = ratio_interval([2.0], ([2.0, 2.1, 1.9, 2.0], [1.0, 1.0, 1.0, 1.0]))
     assert lo1 <= est1 <= hi1 and est1 == 2.0
+
+
+def test_a_zero_size_input_pinned_by_shape_verifies(tmp_path: Path) -> None:
+    """`--shape x=0x4`: an empty batch through a reduction and an elementwise op, fused and unfused, against ORT
+    (the ONNX node suite's empty-set reductions and CastLike's dtype-only input are such inputs)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=1),
+         helper.make_node("Exp", ["r"], ["z"])], "empty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])])
+    path = tmp_path / "empty.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    proc = fuseguard("verify", str(path), "--shape", "x=0x4", "--json", str(tmp_path / "out.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
