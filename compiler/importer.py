@@ -63,7 +63,10 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         elif op_name in onnx_ops.OVERRIDES:
             sym = onnx_ops.OVERRIDES[op_name](inputs, attrs)         # None: TVM's converter below
         else:
-            sym = _fuseguard_converter(op_name, inputs, attrs)
+            override = onnx_ops.BUILDER_OVERRIDES.get(op_name)
+            sym = override(self.bb, inputs, attrs) if override is not None else None
+            if sym is None:
+                sym = _fuseguard_converter(op_name, inputs, attrs)
         if sym is None and op_name == "Gather" and len(inputs) == 2 and \
                 attrs.get("tvm_custom", {}).get("name", "") in self._shape_ok:
             sym = _gather_shape(inputs, attrs)

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
+from . import narrow_floats
 from .passes import static_dims
 
 
@@ -312,6 +313,14 @@ OVERRIDES: dict[str, Callable[[list, dict], relax.Expr | None]] = {
     "Cosh": cosh_sinh("cosh"),
     "Sinh": cosh_sinh("sinh"),
     "RMSNormalization": rms_normalization,
+}
+
+#: the same, for converters that need the block builder: 8-bit floats (compiler/narrow_floats.py)
+BUILDER_OVERRIDES: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]] = {
+    "Cast": narrow_floats.cast,
+    "CastLike": narrow_floats.cast_like,
+    "QuantizeLinear": narrow_floats.quantize_linear,
+    "DequantizeLinear": narrow_floats.dequantize_linear,
 }
 
 CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
