@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-from . import onnx_attention, onnx_ops, tags
+from . import onnx_attention, onnx_ops, onnx_semantics, tags
 from .dynamic import DynamicDim, check_names, symbolic_shapes
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
@@ -73,6 +73,10 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         if sym is None:
             if op_name == "Resize":
                 inputs, attrs = onnx_ops.resize_inputs(inputs, attrs)
+            elif op_name == "Expand":
+                inputs = onnx_semantics.expand_inputs(self.bb, inputs) or inputs
+            elif op_name == "ConvTranspose":
+                attrs = onnx_semantics.conv_transpose_pads(inputs, attrs) or attrs
             op_function = convert_map[op_name].get_converter(opset)
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
         index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
@@ -228,7 +232,7 @@ def _range_symbolic(inputs: list) -> relax.Expr | None:
 def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
     """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
 
-    - `Dropout` at inference (no training_mode, or a constant false) is the identity and its mask all
+    - `Dropout` at inference (no training_mode, a constant false, or a constant ratio of 0) is the identity and its mask all
       true (bool, as ONNX says): removed at import. Kept, relax's dropout op sat inside AlexNet's
       classifier groups as a second output, so the packed matmul schedule refused them and the fused
       build ran 12x slower than the unfused one.
@@ -244,7 +248,10 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
     """
     if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
         training = inputs[2] if len(inputs) > 2 else None
-        if training is not None and not (hasattr(training, "value") and not bool(training.value.numpy())):
+        ratio = _const_array(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+        zero_ratio = ratio is not None and ratio.size == 1 and float(ratio.reshape(())) == 0.0
+        if training is not None and not zero_ratio and \
+                not (hasattr(training, "value") and not bool(training.value.numpy())):
             return None         # training mode (or unknown): random, keep the stock converter
         if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
             return relax.Tuple([inputs[0]])

@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from . import narrow_floats
-from .passes import static_dims
+from . import narrow_floats, onnx_semantics
+from .passes import const_values, static_dims
 
 
 def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:
@@ -30,10 +30,6 @@ def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:
     return relax.const(np.asarray(value, dtype=dtype), dtype)
 
 
-def const_values(x: object) -> np.ndarray | None:
-    """The value of a relax constant (an initializer, or an input the conformance runner froze), else None."""
-    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
-    return data.numpy() if data is not None and hasattr(data, "numpy") else None
 
 
 def _const_int(x: object, what: str) -> int:
@@ -321,6 +317,7 @@ BUILDER_OVERRIDES: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Ex
     "CastLike": narrow_floats.cast_like,
     "QuantizeLinear": narrow_floats.quantize_linear,
     "DequantizeLinear": narrow_floats.dequantize_linear,
+    **onnx_semantics.CONVERTERS,
 }
 
 CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {

@@ -198,6 +198,12 @@ def same_dims(a: Sequence, b: Sequence) -> bool:
     return True
 
 
+def const_values(x: object) -> np.ndarray | None:
+    """The value of a relax constant (an initializer, or an input the conformance runner froze), else None."""
+    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
+    return data.numpy() if data is not None and hasattr(data, "numpy") else None
+
+
 def static_dims(expr: relax.Expr) -> list[int] | None:
     """An expression's static tensor shape, or None (not a tensor, unknown rank or a symbolic dim)."""
     ty = getattr(expr, "ty", None)
