@@ -10,7 +10,8 @@ the wheel no longer ships the files). A case is *right* when every output matche
 (shape and dtype kind exactly; floats within rtol 1e-3 / atol 1e-5 with NaN only where NaN is expected;
 integers, bools and strings exactly). Cases refused because an input the suite passes at run time must be
 a constant for TVM (axes, scales, pads, k) are retried with every input but the first frozen into the
-graph from the case's own data, and counted apart ("right frozen").
+graph from the case's own data (then every input, when the first is a size or shape: a window's size,
+ConstantOfShape's shape), and counted apart ("right frozen").
 
 Each case runs in the worker subprocess, so a crash in TVM is that case's "error (crash)", not the run's.
 """
@@ -228,21 +229,34 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or dtype.name.startswith(("bfloat16", "float8", "float4"))
 
 
-def _freeze(model: Any, inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
-    """Every graph input but the first becomes an initializer holding the case's own data."""
+def _freeze(model: Any, inputs: Sequence[Any], keep_first: bool = True) -> tuple[Any, list[Any]]:
+    """Every graph input but the first (or every one) becomes an initializer holding the case's own data."""
     import onnx
     from onnx import numpy_helper
 
     frozen = onnx.ModelProto.FromString(model.SerializeToString())
     graph = frozen.graph
-    keep = [graph.input[0]] if graph.input else []
-    for vi, value in list(zip(graph.input, inputs))[1:]:
+    kept = 1 if keep_first else 0
+    keep = list(graph.input[:kept])
+    for vi, value in list(zip(graph.input, inputs))[kept:]:
         if not isinstance(value, np.ndarray):
             return model, list(inputs)
         graph.initializer.append(numpy_helper.from_array(value, vi.name))
     del graph.input[:]
     graph.input.extend(keep)
-    return frozen, list(inputs[:1])
+    return frozen, list(inputs[:kept])
+
+
+def _frozen_variants(model: Any, inputs: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
+    """The retries, in order: every input but the first frozen; then every input, when the first is itself
+    a size, shape or count (an integer tensor of rank <= 1: ConstantOfShape's shape, a window's size)."""
+    variants = []
+    if len(model.graph.input) > 1:
+        variants.append(_freeze(model, inputs))
+    first = inputs[0] if inputs else None
+    if isinstance(first, np.ndarray) and first.dtype.kind in "iu" and first.ndim <= 1 and first.size <= 8:
+        variants.append(_freeze(model, inputs, keep_first=False))
+    return [(m, i) for m, i in variants if m is not model]
 
 
 def _run_build(model: Any, inputs: Sequence[Any], expected: Sequence[Any], options: Any) -> BuildOutcome:
@@ -290,12 +304,12 @@ def run_case(name: str, options: Any = None) -> CaseResult:
     fused = _run_build(model, inputs, expected, options)
     unfused = _run_build(model, inputs, expected, options.unfused())
     frozen = False
-    if fused.status in ("refused", "unsupported", "error") and len(model.graph.input) > 1:
-        fmodel, finputs = _freeze(model, inputs)
-        if fmodel is not model:
+    if fused.status in ("refused", "unsupported", "error"):
+        for fmodel, finputs in _frozen_variants(model, inputs):
             f2 = _run_build(fmodel, finputs, expected, options)
             if f2.status == "right":
                 fused, unfused, frozen = f2, _run_build(fmodel, finputs, expected, options.unfused()), True
+                break
     return CaseResult(name=name, op=case_op(name, model), fused=fused, unfused=unfused, ort=ort, frozen=frozen)
 
 
