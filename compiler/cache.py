@@ -304,7 +304,8 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
             report=FusionReport.from_dict(meta["report"]), input_names=list(meta["input_names"]),
             input_shapes={k: tuple(v) for k, v in meta["input_shapes"].items()},
             output_names=list(meta["output_names"]), compile_s=float(meta["compile_s"]),
-            dynamic_axes={k: [tuple(p) for p in v] for k, v in meta.get("dynamic_axes", {}).items()})
+            dynamic_axes={k: [tuple(p) for p in v] for k, v in meta.get("dynamic_axes", {}).items()},
+            narrow_outputs={int(k): int(v) for k, v in meta.get("narrow_outputs", {}).items()})
         compiled.cache_hit = True
         compiled.library_path = str(entry.library)
         compiled.load_s = time.perf_counter() - start
@@ -313,7 +314,8 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
     meta = {"model": loaded.name, "report": compiled.report.to_dict(), "input_names": compiled.input_names,
             "input_shapes": {k: list(v) for k, v in compiled.input_shapes.items()},
             "dynamic_axes": {k: [list(p) for p in v] for k, v in compiled.dynamic_axes.items()},
-            "output_names": compiled.output_names, "compile_s": compiled.compile_s, "target": spec.label}
+            "output_names": compiled.output_names, "compile_s": compiled.compile_s, "target": spec.label,
+            "narrow_outputs": {str(k): v for k, v in compiled.narrow_outputs.items()}}
     exported: dict[str, float] = {}
 
     def write(path: str) -> None:

@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
-from . import onnx_attention, onnx_ops, onnx_semantics, tags
+from . import onnx_attention, onnx_ops, onnx_semantics, subbyte, tags
 from .dynamic import DynamicDim, check_names, symbolic_shapes
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
@@ -363,11 +363,16 @@ def _shape_consumed(model: onnx.ModelProto) -> frozenset[str]:
 
 def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
                 dynamic: Sequence[DynamicDim] = ()) -> ImportResult:
+    model = subbyte.to_containers(model, label)      # 4- and 2-bit tensors held one per byte
+    dtypes = dict(loaded.input_dtypes)
+    for vi in model.graph.input:
+        if vi.name in dtypes and vi.type.tensor_type.elem_type in subbyte.CONTAINER.values():
+            dtypes[vi.name] = subbyte.ml_dtype(vi.type.tensor_type.elem_type).name
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
     opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
     importer = _Importer(
         _input_shapes(loaded, dynamic),
-        dict(loaded.input_dtypes),
+        dtypes,
         keep_params_in_input=False,
         sanitize=True,
         node_index=node_index,

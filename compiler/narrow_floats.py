@@ -27,8 +27,9 @@ from .passes import static_dims
 
 @dataclass(frozen=True)
 class NarrowFloat:
-    """One 8-bit float format: `kind` is "fn" (no Inf, all-ones is NaN), "ieee" (Inf and NaN as IEEE),
-    "fnuz" (no Inf, no -0: 0x80 is the only NaN) or "e8m0" (an exponent only)."""
+    """One narrow float format: `kind` is "fn" (no Inf, all-ones is NaN), "ieee" (Inf and NaN as IEEE),
+    "fnuz" (no Inf, no -0: 0x80 is the only NaN), "e8m0" (an exponent only) or "e2m1" (4 bits, no Inf or
+    NaN: every cast saturates; held one code per byte, compiler/subbyte.py)."""
 
     dtype: str            # TVM's name
     exp_bits: int
@@ -39,6 +40,11 @@ class NarrowFloat:
     @property
     def max_finite(self) -> float:
         return float(ml_dtypes.finfo(getattr(ml_dtypes, self.dtype)).max)
+
+    @property
+    def sign(self) -> int:
+        """The sign bit's value in the code."""
+        return 1 << (self.exp_bits + self.man_bits)
 
     @property
     def emin(self) -> int:
@@ -53,6 +59,8 @@ FORMATS: dict[int, NarrowFloat] = {
     onnx.TensorProto.FLOAT8E5M2FNUZ: NarrowFloat("float8_e5m2fnuz", 5, 2, 16, "fnuz"),
     onnx.TensorProto.FLOAT8E8M0: NarrowFloat("float8_e8m0fnu", 8, 0, 127, "e8m0"),
 }
+#: the 4-bit float, held in a uint8 (TVM cannot pass 4-bit tensors): its code in the low nibble, as ml_dtypes
+FLOAT4 = NarrowFloat("float4_e2m1fn", 2, 1, 1, "e2m1")
 BY_DTYPE: dict[str, NarrowFloat] = {f.dtype: f for f in FORMATS.values()}
 
 
@@ -66,7 +74,9 @@ def _pow2(k: tirx.PrimExpr) -> tirx.PrimExpr:
 
 
 def encode(x: tirx.PrimExpr, fmt: NarrowFloat, saturate: bool, round_mode: str = "up") -> tirx.PrimExpr:
-    """float32 `x` -> the format's 8 bits (uint8)."""
+    """float32 `x` -> the format's code (uint8; a 4-bit code in the low nibble)."""
+    if fmt.kind == "e2m1":
+        saturate = True                 # no Inf or NaN to overflow to (ml_dtypes saturates)
     if fmt.kind == "e8m0":
         return _encode_e8m0(x, saturate, round_mode)
     bits = tirx.reinterpret("uint32", x)
@@ -93,19 +103,24 @@ def encode(x: tirx.PrimExpr, fmt: NarrowFloat, saturate: bool, round_mode: str =
     normal = ((r_exp + fmt.bias).astype("uint32") << _u32(fmt.man_bits)) | \
         ((r_bits >> _u32(23 - fmt.man_bits)) & _u32(man_mask))
     code = tirx.Select(r < _pow2(emin), n.astype("uint32"), normal)   # subnormal: n steps of 2**(emin-man)
-    all_ones = (1 << (fmt.exp_bits + fmt.man_bits)) - 1
-    nan_code = {"fn": all_ones, "ieee": all_ones, "fnuz": 0x80}[fmt.kind]
+    all_ones = fmt.sign - 1
+    nan_code = {"fn": all_ones, "ieee": all_ones, "fnuz": 0x80, "e2m1": 0}[fmt.kind]
     overflow_code = (((1 << fmt.exp_bits) - 1) << fmt.man_bits) if fmt.kind == "ieee" else nan_code   # Inf
     code = tirx.Select(r > big, _u32(overflow_code), code)
     if fmt.kind == "fnuz":
         signed = tirx.Select(tirx.And(negative, code != _u32(0)), code | _u32(0x80), code)   # no -0
     else:
-        signed = tirx.Select(negative, code | _u32(0x80), code)
+        signed = tirx.Select(negative, code | _u32(fmt.sign), code)
     if not saturate:
         inf_code = _u32(overflow_code) if fmt.kind == "fnuz" else \
             tirx.Select(negative, _u32(overflow_code | 0x80), _u32(overflow_code))
         signed = tirx.Select(is_inf, inf_code, signed)
-    signed = tirx.Select(is_nan, _u32(nan_code), signed)
+    if fmt.kind == "e2m1":
+        # ml_dtypes 0.5 writes a NaN as a zero of the opposite sign (NaN -> 0x8, -NaN -> 0x0): matched bit for bit
+        nan = tirx.Select(negative, _u32(0), _u32(fmt.sign))
+    else:
+        nan = _u32(nan_code)
+    signed = tirx.Select(is_nan, nan, signed)
     return signed.astype("uint8")
 
 
@@ -133,7 +148,7 @@ def _encode_e8m0(x: tirx.PrimExpr, saturate: bool, round_mode: str) -> tirx.Prim
 
 
 def decode(u: tirx.PrimExpr, fmt: NarrowFloat) -> tirx.PrimExpr:
-    """The format's 8 bits (uint8) -> float32, exact."""
+    """The format's code (uint8) -> float32, exact."""
     u = u.astype("int32")
     nan = tirx.const(np.nan, "float32")
     if fmt.kind == "e8m0":
@@ -148,7 +163,9 @@ def decode(u: tirx.PrimExpr, fmt: NarrowFloat) -> tirx.PrimExpr:
     mag = tirx.Select(fe == 0, sub, norm)
     if fmt.kind == "fnuz":
         return tirx.Select(u == 0x80, nan, tirx.Select(u >= 0x80, -mag, mag))
-    value = tirx.Select(u >= 0x80, -mag, mag)
+    value = tirx.Select(u >= fmt.sign, -mag, mag)
+    if fmt.kind == "e2m1":
+        return value
     if fmt.kind == "fn":
         return tirx.Select(tirx.And(fe == exp_mask, fm == man_mask), nan, value)
     inf = tirx.Select(u >= 0x80, tirx.const(-np.inf, "float32"), tirx.const(np.inf, "float32"))
@@ -222,7 +239,7 @@ def cast_like(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr |
     return None
 
 
-def _per_axis(value: relax.Expr, like: relax.Expr, axis: int, what: str) -> relax.Expr:
+def per_axis(value: relax.Expr, like: relax.Expr, axis: int, what: str) -> relax.Expr:
     """A scalar or a 1-D per-axis `value` shaped to broadcast against `like` along `axis`."""
     dims = static_dims(value)
     if dims is None:
@@ -252,7 +269,7 @@ def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.
     x, scale = inputs[0], inputs[1]
     if _dtype_of(scale) != _dtype_of(x):
         scale = bb.normalize(relax.op.astype(scale, _dtype_of(x)))
-    scaled = bb.normalize(relax.op.divide(x, _per_axis(scale, x, int(attrs.get("axis", 1)), "y_scale")))
+    scaled = bb.normalize(relax.op.divide(x, per_axis(scale, x, int(attrs.get("axis", 1)), "y_scale")))
     return to_narrow(bb, scaled, fmt, _flag(attrs, "saturate"))
 
 
@@ -270,5 +287,5 @@ def dequantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> rela
     if _dtype_of(scale) != "float32":
         scale = bb.normalize(relax.op.astype(scale, "float32"))
     decoded = from_narrow(bb, x, fmt, "float32")
-    product = relax.op.multiply(decoded, _per_axis(scale, x, int(attrs.get("axis", 1)), "x_scale"))
+    product = relax.op.multiply(decoded, per_axis(scale, x, int(attrs.get("axis", 1)), "x_scale"))
     return product if out == "float32" else relax.op.astype(product, out)

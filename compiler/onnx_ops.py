@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from . import narrow_floats, onnx_semantics
+from . import narrow_floats, onnx_semantics, subbyte
 from .passes import const_values, static_dims
 
 
@@ -311,12 +311,25 @@ OVERRIDES: dict[str, Callable[[list, dict], relax.Expr | None]] = {
     "RMSNormalization": rms_normalization,
 }
 
-#: the same, for converters that need the block builder: 8-bit floats (compiler/narrow_floats.py)
+#: the same, for converters that need the block builder: 8-bit floats (compiler/narrow_floats.py), 4- and
+#: 2-bit types (compiler/subbyte.py), ONNX semantics TVM gets wrong (compiler/onnx_semantics.py)
+def _first(*converters: Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]
+           ) -> Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]:
+    """The first converter's result that is not None."""
+    def convert(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
+        for c in converters:
+            out = c(bb, inputs, attrs)
+            if out is not None:
+                return out
+        return None
+    return convert
+
+
 BUILDER_OVERRIDES: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]] = {
-    "Cast": narrow_floats.cast,
-    "CastLike": narrow_floats.cast_like,
-    "QuantizeLinear": narrow_floats.quantize_linear,
-    "DequantizeLinear": narrow_floats.dequantize_linear,
+    "Cast": _first(subbyte.cast, narrow_floats.cast),
+    "CastLike": _first(subbyte.cast_like, narrow_floats.cast_like),
+    "QuantizeLinear": _first(subbyte.quantize_linear, narrow_floats.quantize_linear),
+    "DequantizeLinear": _first(subbyte.dequantize_linear, narrow_floats.dequantize_linear),
     **onnx_semantics.CONVERTERS,
 }
 

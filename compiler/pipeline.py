@@ -60,7 +60,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, decisions, hostcpu, patterns, progress, report, settings
+from . import cost, decisions, hostcpu, patterns, progress, report, settings, subbyte
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
@@ -177,6 +177,8 @@ class CompiledModel:
     load_s: float = 0.0                      # time to load a cached build
     #: symbolic builds: {dim name: [(input, axis), ...]} of each `--dynamic` dim (bounds in options.dynamic)
     dynamic_axes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    #: output index -> ONNX type, for 4- and 2-bit outputs (returned in a byte container: compiler/subbyte.py)
+    narrow_outputs: dict[int, int] = field(default_factory=dict)
     _vm: Any = field(default=None, repr=False)
 
     def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -205,15 +207,19 @@ class CompiledModel:
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         self.check_inputs(inputs)
         dev = self.device()
-        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
-        out = self.vm()["main"](*args)
-        return [_to_numpy(t) for t in _flatten(out)]
+        args = [tvm.runtime.tensor(subbyte.container_input(np.asarray(inputs[n], order="C")), dev)
+                for n in self.input_names]
+        out = [_to_numpy(t) for t in _flatten(self.vm()["main"](*args))]
+        for i, onnx_type in self.narrow_outputs.items():
+            out[i] = subbyte.from_container(out[i], onnx_type)
+        return out
 
     def time_fn(self, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
         """A closure that runs the model once on pre-uploaded inputs (for timing)."""
         self.check_inputs(inputs)
         dev = self.device()
-        args = [tvm.runtime.tensor(np.asarray(inputs[n], order="C"), dev) for n in self.input_names]
+        args = [tvm.runtime.tensor(subbyte.container_input(np.asarray(inputs[n], order="C")), dev)
+                for n in self.input_names]
         vm = self.vm()
         func = vm["main"]
 
@@ -759,6 +765,7 @@ def compile_model(source: str | os.PathLike | bytes | onnx.ModelProto | LoadedMo
                                f"try: stage '{err.stage}')", stage=second.stage) from second
     if options.dynamic:
         compiled.dynamic_axes = check_names(loaded.model, options.dynamic, loaded.name)
+    compiled.narrow_outputs = subbyte.output_types(loaded.model)
     if imported.prepared:
         compiled.report.imported_via = "onnxruntime-fold"
     compiled.report.stage_s["import"] = import_s
