@@ -328,8 +328,10 @@ def _first(*converters: Callable[[relax.BlockBuilder, list, dict], relax.Expr | 
 BUILDER_OVERRIDES: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]] = {
     "Cast": _first(subbyte.cast, narrow_floats.cast),
     "CastLike": _first(subbyte.cast_like, narrow_floats.cast_like),
-    "QuantizeLinear": _first(subbyte.quantize_linear, narrow_floats.quantize_linear),
-    "DequantizeLinear": _first(subbyte.dequantize_linear, narrow_floats.dequantize_linear),
+    "QuantizeLinear": _first(onnx_semantics.blocked_quantize_linear, subbyte.quantize_linear,
+                             narrow_floats.quantize_linear),
+    "DequantizeLinear": _first(onnx_semantics.blocked_dequantize_linear, subbyte.dequantize_linear,
+                               narrow_floats.dequantize_linear),
     **onnx_semantics.CONVERTERS,
 }
 

@@ -16,6 +16,7 @@ The rest replace the converter:
 - EyeLike with a dtype unlike its input's: refused. ReduceMax/ReduceMin of bool: failed in FoldConstant.
 - Constant given as value_int(s)/value_float(s): "no value in Constant".
 - Dropout in training mode: a float32 mask (ONNX: bool).
+- Blocked QuantizeLinear/DequantizeLinear (block_size, opset 21) of 8/16-bit integers: refused.
 """
 
 from __future__ import annotations
@@ -331,6 +332,70 @@ def dropout_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax
     y, mask = bb.normalize(relax.TupleGetItem(out, 0)), bb.normalize(relax.TupleGetItem(out, 1))
     outputs = attrs.get("tvm_custom", {}).get("num_outputs", 1)
     return relax.Tuple([y, mask] if outputs > 1 else [y])
+
+
+_INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+
+
+def _unblock(bb: relax.BlockBuilder, v: relax.Expr, axis: int, block: int, n: int) -> relax.Expr:
+    """A blocked scale or zero point (dim ceil(n / block) on `axis`) repeated to `n` along it."""
+    full = relax.op.repeat(v, block, axis)
+    dims = static_dims(bb.normalize(full))
+    if dims is not None and dims[axis] != n:
+        full = relax.op.strided_slice(full, [axis], [0], [n])
+    return bb.normalize(full)
+
+
+def _blocked_operands(bb: relax.BlockBuilder, inputs: list, attrs: dict
+                      ) -> tuple[relax.Expr, relax.Expr | None, int] | None:
+    block = int(attrs.get("block_size", 0))
+    dims = static_dims(inputs[0])
+    if not block or dims is None:
+        return None
+    axis = int(attrs.get("axis", 1)) % len(dims)
+    scale = _unblock(bb, inputs[1], axis, block, dims[axis])
+    zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    if zero is not None:
+        zero = _unblock(bb, zero, axis, block, dims[axis])
+    return scale, zero, axis
+
+
+def blocked_dequantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
+    """Blocked DequantizeLinear (opset 21: one scale per `block_size` elements along `axis`) of an 8/16-bit
+    integer: (x - zero_point) * scale with both repeated to full size. TVM refuses block_size."""
+    operands = _blocked_operands(bb, inputs, attrs)
+    if operands is None or _dtype(inputs[0]) not in _INT_RANGES:
+        return None
+    scale, zero, _ = operands
+    x = relax.op.astype(inputs[0], "float32")
+    if zero is not None:
+        x = relax.op.subtract(x, relax.op.astype(zero, "float32"))
+    out = (onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
+           if int(attrs.get("output_dtype", 0)) else _dtype(inputs[1]))
+    y = relax.op.multiply(x, relax.op.astype(scale, "float32") if _dtype(scale) != "float32" else scale)
+    return y if out == "float32" else relax.op.astype(y, out)
+
+
+def blocked_quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
+    """Blocked QuantizeLinear to an 8/16-bit integer: clip(round_half_even(x / scale) + zero_point)."""
+    operands = _blocked_operands(bb, inputs, attrs)
+    if operands is None:
+        return None
+    scale, zero, _ = operands
+    target = _dtype(zero) if zero is not None else (
+        onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
+        if int(attrs.get("output_dtype", 0)) else "uint8")
+    if target not in _INT_RANGES:
+        return None
+    lo, hi = _INT_RANGES[target]
+    x = relax.op.astype(inputs[0], "float32") if _dtype(inputs[0]) != "float32" else inputs[0]
+    q = relax.op.round(relax.op.divide(x, relax.op.astype(scale, "float32") if _dtype(scale) != "float32"
+                                       else scale))
+    if zero is not None:
+        q = relax.op.add(q, relax.op.astype(zero, "float32"))
+    clipped = relax.op.clip(q, relax.prim_value(tirx.FloatImm("float32", lo)),
+                            relax.prim_value(tirx.FloatImm("float32", hi)))
+    return relax.op.astype(clipped, target)
 
 
 #: op type -> converter (None: TVM's converter)

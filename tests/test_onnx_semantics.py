@@ -75,6 +75,19 @@ CASES: dict[str, tuple[Any, dict[str, np.ndarray]]] = {
     "constant_value_ints": (_model([helper.make_node("Constant", [], ["c"], value_ints=[3, 1, 2]),
                                     helper.make_node("Add", ["x", "c"], ["y"])],
                                    [("x", I64, [3])], [("y", I64, [3])]), {}),
+    "quantize_blocked_ragged_ties": (     # 5 columns in blocks of 2 (the last block short); x / scale on ties
+        _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], axis=1, block_size=2)],
+               [("x", F, [2, 5]), ("s", F, [2, 3]), ("z", TensorProto.UINT8, [2, 3])], [("y", TensorProto.UINT8, [2, 5])],
+               opset=21),
+        {"x": np.array([[0.5, 1.5, 2.5, -3.5, 300.0], [-1.0, 7.25, 0.75, 2.25, -0.25]], np.float32),
+         "s": np.array([[1.0, 1.0, 0.5], [0.5, 0.5, 0.5]], np.float32),
+         "z": np.array([[10, 0, 128], [0, 3, 255]], np.uint8)}),
+    "dequantize_blocked_ragged": (
+        _model([helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"], axis=0, block_size=2)],
+               [("x", TensorProto.INT8, [3, 2]), ("s", F, [2, 2]), ("z", TensorProto.INT8, [2, 2])], [("y", F, [3, 2])],
+               opset=21),
+        {"x": np.array([[1, -128], [127, 0], [5, -5]], np.int8), "s": np.array([[0.5, 2.0], [0.25, 1.0]], np.float32),
+         "z": np.array([[1, -2], [3, 0]], np.int8)}),
     "dropout_training_ratio_zero_mask_is_bool": (
         _model([helper.make_node("Dropout", ["x", "r", "t"], ["y", "mask"], seed=0)],
                [("x", F, [3, 4]), ("r", F, []), ("t", TensorProto.BOOL, [])],
