@@ -14,6 +14,7 @@ The rest replace the converter:
 - Pow with a base and exponent of different types: refused; with integers: failed in FoldConstant.
 - OneHot: refused unless `values` were constants, and TVM's call itself mistyped `depth`.
 - EyeLike with a dtype unlike its input's: refused. ReduceMax/ReduceMin of bool: failed in FoldConstant.
+- Reduce* over an axis of size 0: uninitialised memory.
 - Constant given as value_int(s)/value_float(s): "no value in Constant".
 - Dropout in training mode: a float32 mask (ONNX: bool).
 - Blocked QuantizeLinear/DequantizeLinear (block_size, opset 21) of 8/16-bit integers: refused.
@@ -250,27 +251,54 @@ def eye_like(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | 
     return relax.op.eye(dims[0], dims[1], int(attrs.get("k", 0)), dtype)
 
 
-def reduce_bool(kind: str) -> Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]:
-    """ReduceMax/ReduceMin of bool: any/all, computed as the max/min of uint8 and compared back."""
+def _reduce_axes(inputs: list, attrs: dict, rank: int) -> list[int] | None:
+    """A Reduce*'s axes (from its constant input or attribute), or None when they are not known statically."""
+    axes_value = const_values(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    if axes_value is not None:
+        return [int(a) % rank for a in axes_value.reshape(-1)]
+    if "axes" in attrs:
+        return [int(a) % rank for a in attrs["axes"]]
+    if len(inputs) > 1 and inputs[1] is not None:
+        return None
+    return [] if int(attrs.get("noop_with_empty_axes", 0)) else list(range(rank))
+
+
+#: what a reduction of no elements is (ONNX's reference): the operation's identity
+_EMPTY = {"max": -np.inf, "min": np.inf, "sum": 0.0, "sum_square": 0.0, "l1": 0.0, "l2": 0.0, "prod": 1.0,
+          "log_sum": -np.inf, "log_sum_exp": -np.inf, "mean": np.nan}
+
+
+def reduction(kind: str) -> Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]:
+    """Reduce* over an axis of size 0: its identity (max -inf, min +inf, sum 0, prod 1, log-sum -inf, ...),
+    as a constant. TVM's kernel skips its init when the reduced extent is 0 and returned uninitialised
+    memory (measured: 0.0 and 4.2e-43 where -inf was due). ReduceMax/ReduceMin of bool: any/all, computed
+    as the max/min of uint8 and compared back (TVM failed in FoldConstant: no min_value for bool)."""
     def convert(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
         x = inputs[0]
-        if _dtype(x) != "bool":
+        dims, dtype = static_dims(x), _dtype(x)
+        if dims is None or dtype is None:
             return None
-        dims = static_dims(x)
-        if dims is None:
+        axes = _reduce_axes(inputs, attrs, len(dims))
+        if axes is None:
             return None
-        axes_value = const_values(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
-        if axes_value is not None:
-            axes = [int(a) % len(dims) for a in axes_value.reshape(-1)]
-        elif "axes" in attrs:
-            axes = [int(a) % len(dims) for a in attrs["axes"]]
-        elif len(inputs) > 1 and inputs[1] is not None:
+        keep = bool(int(attrs.get("keepdims", 1)))
+        if axes and any(dims[a] == 0 for a in axes):
+            shape = [1 if a in axes else d for a, d in enumerate(dims)] if keep else \
+                [d for a, d in enumerate(dims) if a not in axes]
+            value = _EMPTY[kind]
+            if dtype == "bool":
+                value = kind == "min"
+            elif not dtype.startswith(("float", "bfloat")) and np.isnan(value):
+                return None                  # an integer mean of nothing: left to TVM
+            elif not dtype.startswith(("float", "bfloat")) and np.isinf(value):
+                info = np.iinfo(dtype)
+                value = info.min if value < 0 else info.max
+            # a constant array: relax.op.full fails in FoldConstant on TVM 0.27 ("PrimType is not iterable")
+            return relax.const(np.full(shape, value, dtype=dtype), dtype)
+        if dtype != "bool" or kind not in ("max", "min"):
             return None
-        else:
-            axes = [] if int(attrs.get("noop_with_empty_axes", 0)) else list(range(len(dims)))
         if not axes:
             return x
-        keep = bool(int(attrs.get("keepdims", 1)))
         as_int = relax.op.astype(x, "uint8")
         reduced = (relax.op.max if kind == "max" else relax.op.min)(as_int, axes, keep)
         return relax.op.not_equal(reduced, relax.const(0, "uint8"))
@@ -407,8 +435,16 @@ CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr | No
     "Pow": pow_,
     "OneHot": one_hot,
     "EyeLike": eye_like,
-    "ReduceMax": reduce_bool("max"),
-    "ReduceMin": reduce_bool("min"),
+    "ReduceMax": reduction("max"),
+    "ReduceMin": reduction("min"),
+    "ReduceSum": reduction("sum"),
+    "ReduceSumSquare": reduction("sum_square"),
+    "ReduceL1": reduction("l1"),
+    "ReduceL2": reduction("l2"),
+    "ReduceProd": reduction("prod"),
+    "ReduceLogSum": reduction("log_sum"),
+    "ReduceLogSumExp": reduction("log_sum_exp"),
+    "ReduceMean": reduction("mean"),
     "Constant": constant,
     "Dropout": dropout_training,
 }

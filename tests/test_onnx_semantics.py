@@ -72,6 +72,14 @@ CASES: dict[str, tuple[Any, dict[str, np.ndarray]]] = {
                [("x", TensorProto.BOOL, [2, 3])], [("y", TensorProto.BOOL, [2, 1])],
                (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
         {"x": np.array([[True, False, False], [False, False, False]])}),
+    "reduce_max_over_an_empty_axis": (
+        _model([helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=1)],
+               [("x", F, [2, 0, 4])], [("y", F, [2, 1, 4])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
+        {"x": np.zeros((2, 0, 4), np.float32)}),
+    "reduce_prod_over_an_empty_axis_no_keepdims": (
+        _model([helper.make_node("ReduceProd", ["x", "axes"], ["y"], keepdims=0)],
+               [("x", I32, [2, 0, 4])], [("y", I32, [2, 4])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
+        {"x": np.zeros((2, 0, 4), np.int32)}),
     "constant_value_ints": (_model([helper.make_node("Constant", [], ["c"], value_ints=[3, 1, 2]),
                                     helper.make_node("Add", ["x", "c"], ["y"])],
                                    [("x", I64, [3])], [("y", I64, [3])]), {}),
