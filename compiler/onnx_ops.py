@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from . import narrow_floats, onnx_semantics, subbyte
+from . import narrow_floats, onnx_rnn, onnx_semantics, subbyte
 from .passes import const_values, static_dims
 
 
@@ -302,6 +302,7 @@ def resize_inputs(inputs: list, attrs: dict) -> tuple[list, dict]:
 BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {
     "BitCast": bitcast,
     "QLinearMatMul": qlinear_matmul,
+    **onnx_rnn.CONVERTERS,          # LSTM, GRU, RNN (compiler/onnx_rnn.py)
 }
 
 #: TVM has a converter, but it is wrong or does not compile for these: ours first, None falls back to TVM's
