@@ -133,6 +133,33 @@ def test_a_fused_gemm_accumulating_in_fp16_fails_where_a_loose_tolerance_passes(
         3 * fused["fp64"]["outputs"][0]["unfused_rmse"]
 
 
+def test_bisect_in_reduced_precision_names_the_group_more_wrong_than_its_parts(tmp_path: Path) -> None:
+    """`fuseguard bisect --precision`: each intermediate judged by the fp64 rule, not by fp32 tolerances. A
+    correct bf16 build is no drift (fp32 tolerances would blame its first matmul: 94% of elements off); the
+    fused GEMM accumulating in fp16 is named (pattern, ONNX nodes, fused vs unfused error against fp64) while
+    every element stays inside the loose budget, and its reproducer fails verify on its own."""
+    import json
+
+    def bisect(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+        out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        proc = subprocess.run([sys.executable, "-m", "fuseguard.verify.cli", "bisect", "mlp_gelu", *args,
+                               "--out", str(tmp_path / "repro"), "--json", str(out), "--no-cache"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600)
+        return proc, json.loads(out.read_text()) if out.exists() else {}
+
+    clean, result = bisect("--precision", "bf16")
+    assert clean.returncode == 0 and result["status"] == "no-drift", clean.stdout + clean.stderr
+    assert any("bf16 vs fp64" in n and "within" in n for n in result["notes"])
+    wrong, result = bisect("--precision", "fp16", "--plugin", str(LOWP_ACCUMULATE))
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    culprit = result["culprit"]
+    assert culprit["blame"] == "fusion" and culprit["pattern"] == "matmul_bias_gelu", culprit
+    assert "MatMul" in culprit["onnx_op_types"] and culprit["onnx_inputs"] == ["x"], culprit
+    assert culprit["fp64"].startswith("fp16 vs fp64: fused rmse") and culprit["inputs_agree"] is True
+    assert culprit["error"]["passed"]                   # inside the loose budget element by element
+    assert result["reproducer"]["confirmed"] is True, result["reproducer"]
+
+
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mlp_gelu"])
 def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, name: str) -> None:
     from fuseguard.verify.compare import compare_outputs

@@ -4,7 +4,7 @@ sub-models, compare one tensor with its tolerance."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,12 +37,15 @@ def max_abs(actual: np.ndarray, reference: np.ndarray) -> float | None:
         return float(np.max(np.abs(actual.astype(np.float64) - reference.astype(np.float64))))
 
 
-def compare_one(name: str, actual: np.ndarray, reference: np.ndarray, tolerances: Tolerances) -> OutputCompareResult:
-    return compare_outputs({name: actual}, {name: reference}, tolerances=tolerances)[name]
+def compare_one(name: str, actual: np.ndarray, reference: np.ndarray, tolerances: Tolerances,
+                per_output: Mapping[str, Tolerance] | None = None) -> OutputCompareResult:
+    own = {name: per_output[name]} if per_output and name in per_output else None
+    return compare_outputs({name: actual}, {name: reference}, tolerances=tolerances, per_output=own)[name]
 
 
-def tolerance_for(name: str, reference: np.ndarray, tolerances: Tolerances) -> Tolerance:
-    return resolve_tolerance(name, reference.dtype, tolerances)
+def tolerance_for(name: str, reference: np.ndarray, tolerances: Tolerances,
+                  per_output: Mapping[str, Tolerance] | None = None) -> Tolerance:
+    return resolve_tolerance(name, reference.dtype, tolerances, per_output)
 
 
 def stem(function: str) -> str:

@@ -32,6 +32,7 @@ class Culprit:
     input_errors: dict[str, float | None] = field(default_factory=dict)   # max abs error per input
     reason: str = ""                # the cost model's reason for fusing it
     via: str = "kernel capture"     # or "ONNX-order bisection"
+    fp64: str = ""                  # reduced precision: its error against fp64 beside the unfused kernel's
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "error"}
@@ -145,6 +146,8 @@ class BisectResult:
                                       f"{e.mismatches}/{e.size} out of {e.tolerance}"))
             agree = {True: "yes", False: "NO", None: "unknown"}[c.inputs_agree]
             t.add_row("inputs agree", escape(f"{agree} ({', '.join(f'{k}: {_fmt(v)}' for k, v in c.input_errors.items())})"))
+            if c.fp64:
+                t.add_row("vs fp64", escape(c.fp64))
             if c.reason:
                 t.add_row("why fused", escape(c.reason))
             parts.append(t)

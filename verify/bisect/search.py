@@ -62,6 +62,8 @@ class _Bisector:
         self.tolerances, self.out_dir, self.confirm, self.strategy = tolerances, out_dir, confirm, strategy
         self.graph = OnnxGraph(loaded.model)
         self.result = BisectResult(model=loaded.name, target="", status="drift")
+        self.fp64: Any = None    # a reduced build's outputs vs fp64 (verify.precision.Fp64Check)
+        self.per_output: dict[str, Tolerance] | None = None     # per-tensor tolerances (reduced precision)
         self.start = time.perf_counter()
 
     # -- steps
@@ -134,15 +136,20 @@ class _Bisector:
         reference = run_onnxruntime(expose(self.loaded.model, wanted), self.inputs)
         self._timed("onnxruntime", start)
         names = self.loaded.output_names
+        gold: dict[str, np.ndarray] | None = None
+        if self.options.precision != "fp32":
+            gold = self._reduced_precision(fused, unfused, wanted, reference)
         res.fused_vs_reference = compare_outputs(dict(zip(names, fused.outputs)), {n: reference[n] for n in names},
-                                                 tolerances=self.tolerances)
+                                                 tolerances=self.tolerances, per_output=self._per(names))
         res.unfused_vs_reference = compare_outputs(dict(zip(names, unfused.outputs)),
-                                                   {n: reference[n] for n in names}, tolerances=self.tolerances)
+                                                   {n: reference[n] for n in names}, tolerances=self.tolerances,
+                                                   per_output=self._per(names))
         start = time.perf_counter()
         alignment = align(fused.manifest, unfused.manifest, anchors=_anchors(fused))
         self._timed("align", start)
         res.unmapped = list(alignment.unmapped)
-        if res.fused_vs_reference and res.unfused_vs_reference:
+        fused_ok = res.fused_vs_reference and (self.fp64 is None or bool(self.fp64))
+        if fused_ok and res.unfused_vs_reference:
             res.status = "no-drift"
             return self._finish()
 
@@ -156,8 +163,9 @@ class _Bisector:
                 lowering = self._onnx_order_culprit(reference)
             if lowering is not None:
                 culprits.append(lowering)
-        if not res.fused_vs_reference or (res.unfused_vs_reference and not culprits):
-            fusion = self._fusion_culprit(fused, unfused, alignment, u2onnx)
+        if not fused_ok or (res.unfused_vs_reference and not culprits):
+            fusion = (self._fusion_culprit_fp64(fused, unfused, alignment, u2onnx, gold) if gold is not None
+                      else self._fusion_culprit(fused, unfused, alignment, u2onnx))
             if fusion is not None:
                 culprits.append(fusion)
             elif not res.unfused_vs_reference:
@@ -174,6 +182,101 @@ class _Bisector:
                 res.notes.append(f"no reproducer: {type(err).__name__}: {err}")
             self._timed("reproducer", start)
         return self._finish()
+
+    # -- reduced precision (fp16/bf16 builds)
+
+    def _reduced_precision(self, fused: _Build, unfused: _Build, wanted: Sequence[str],
+                           reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Set up the comparison a reduced build is judged by (verify's, per intermediate): every tensor vs ONNX
+        Runtime fp32 with the precision's loose budget, and the fused build vs fp64 beside the unfused build
+        (dynamo's rule). Returns the fp64 value of every exposed tensor, or None when no fp64 run agrees."""
+        from ..core import run_onnxruntime
+        from ..precision import check_against_fp64, fp64_reference, loose_tolerances
+
+        precision = self.options.precision
+        if self.tolerances is None:      # the user's own tolerances stand
+            self.per_output = loose_tolerances(precision, reference)
+        exposed = expose(self.loaded.model, list(wanted))
+        start = time.perf_counter()
+        try:
+            gold, engine = fp64_reference(exposed, self.inputs, [o.name for o in exposed.graph.output],
+                                          reference, run_onnxruntime)
+        except Exception as err:  # noqa: BLE001 - the loose comparison still stands
+            self.result.notes.append(f"no fp64 reference ({type(err).__name__}: {str(err)[:200]}): judged by the "
+                                     f"{precision} budget against ONNX Runtime fp32 only")
+            return None
+        finally:
+            self._timed("fp64 reference", start)
+        names = self.loaded.output_names
+        self.fp64 = check_against_fp64(precision, dict(zip(names, fused.outputs)), dict(zip(names, unfused.outputs)),
+                                       {n: gold[n] for n in names if n in gold}, engine)
+        self.result.notes.append(self.fp64.summary())
+        return gold
+
+    def _fusion_culprit_fp64(self, fused: _Build, unfused: _Build, alignment: "Alignment",
+                             u2onnx: Mapping[str, str], gold: Mapping[str, np.ndarray]) -> Culprit | None:
+        """The first fused kernel more wrong against fp64 than its unfused counterpart allows (the output
+        rule, per intermediate) while its inputs are not: in reduced precision fused and unfused differ
+        everywhere by rounding, so "differs from the unfused build" names nothing. A kernel with no ONNX
+        tensor (the casts the precision pass adds) is judged against its unfused twin within the budget."""
+        from ..compare import _rmse
+        from ..precision import BUDGET, HALF_MULT, UNIT_ROUNDOFF, _rms
+
+        precision = self.options.precision
+        by_key = fused.manifest.by_key()
+        verdict: dict[str, bool] = {p: True for p in fused.manifest.params}
+
+        def onnx_inputs(v: str, depth: int = 0) -> list[str]:
+            """The ONNX tensors behind a fused kernel's input (through kernels that stand for none)."""
+            u = alignment.mapping.get(v, v)
+            if u in u2onnx:
+                return [u2onnx[u]]
+            producer = by_key.get(v)
+            if producer is None or depth > 4:
+                return [v]
+            return [t for w in producer.input_vars for t in onnx_inputs(w, depth + 1)]
+
+        for k in fused.manifest.kernels:
+            target = alignment.mapping.get(k.key)
+            if target is None or target not in unfused.captures:
+                continue
+            actual, ref = fused.captures[k.key], unfused.captures[target]
+            tensor = u2onnx.get(target)
+            g = gold.get(tensor) if tensor is not None else None
+            if g is None or actual.shape != g.shape or ref.shape != g.shape or not np.issubdtype(g.dtype, np.floating):
+                b = BUDGET[precision]
+                verdict[k.key] = close(actual, ref, Tolerance(rtol=b, atol=max(b * _rms(ref), 1e-30))) \
+                    if np.issubdtype(np.asarray(ref).dtype, np.floating) else bool(np.array_equal(actual, ref))
+                continue
+            self.result.compared += 1
+            f_err, u_err = _rmse(actual, g), _rmse(ref, g)
+            bound = HALF_MULT * u_err + UNIT_ROUNDOFF[precision] * _rms(g)
+            verdict[k.key] = bool(np.isfinite(f_err) and f_err <= bound)
+            if verdict[k.key]:
+                continue
+            states = [verdict.get(v) for v in k.input_vars]
+            inputs_agree = None if None in states else all(states)
+            if inputs_agree is False:
+                continue            # inherited from an earlier kernel's drift (that one would have been named)
+            members = alignment.members.get(k.key, [target])
+            nodes, ops = self.node_names(members)
+            group = self._report_group(fused.compiled, k, target)
+            ratio = f_err / u_err if u_err > 0 else float("inf")
+            return Culprit(
+                blame=BLAME_FUSION, kernel=k.key, function=k.function,
+                pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
+                ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
+                onnx_nodes=nodes, onnx_op_types=ops,
+                onnx_inputs=list(dict.fromkeys(t for v in k.input_vars for t in onnx_inputs(v))),
+                onnx_outputs=[tensor], error=compare_one(tensor, actual, ref, self.tolerances, self.per_output),
+                inputs_agree=inputs_agree, input_errors={}, reason=group.reason if group else "",
+                fp64=(f"{precision} vs fp64: fused rmse {f_err:.3g}, unfused {u_err:.3g} ({ratio:.2f}x; allowed "
+                      f"{HALF_MULT:g}x + {UNIT_ROUNDOFF[precision]:.2g} x rms {_rms(g):.3g})"))
+        return None
+
+    def _per(self, names: Sequence[str]) -> dict[str, Tolerance] | None:
+        """The per-tensor tolerances of the tensors being compared (compare_outputs refuses others)."""
+        return {n: self.per_output[n] for n in names if n in self.per_output} if self.per_output else None
 
     def _finish(self) -> BisectResult:
         self.result.seconds = time.perf_counter() - self.start
@@ -198,7 +301,7 @@ class _Bisector:
                 continue
             self.result.compared += 1
             actual, ref = unfused.captures[k.key], reference[tensor]
-            if close(actual, ref, tolerance_for(tensor, ref, self.tolerances)):
+            if close(actual, ref, tolerance_for(tensor, ref, self.tolerances, self.per_output)):
                 agree.add(k.key)
                 continue
             closure = upstream(k, keys, agree, set(unfused.manifest.params), 10_000)
@@ -213,7 +316,7 @@ class _Bisector:
                 blame=BLAME_LOWERING, kernel=k.key, function=k.function, pattern="",
                 ops=[stem(keys[m].function) for m in members if m in keys], onnx_nodes=nodes, onnx_op_types=ops,
                 onnx_inputs=[u2onnx.get(leaf, leaf) for leaf in sorted(leaves, key=lambda x: keys[x].index if x in keys else -1)],
-                onnx_outputs=[tensor], error=compare_one(tensor, actual, ref, self.tolerances),
+                onnx_outputs=[tensor], error=compare_one(tensor, actual, ref, self.tolerances, self.per_output),
                 inputs_agree=bool(closure), input_errors=input_errors)
         return None
 
@@ -247,7 +350,7 @@ class _Bisector:
                 self._timed("onnx-order bisection", start)
             ref = run_onnxruntime(sub, feed)
             cmp = compare_outputs(dict(zip(sub_loaded.output_names, got)), {n: ref[n] for n in sub_loaded.output_names},
-                                  tolerances=self.tolerances)
+                                  tolerances=self.tolerances, per_output=self._per(sub_loaded.output_names))
             memo[k] = (not cmp, cmp)
             return not cmp
 
@@ -286,7 +389,7 @@ class _Bisector:
                 continue
             self.result.compared += 1
             actual, ref = fused.captures[k.key], unfused.captures[target]
-            if close(actual, ref, tolerance_for(target, ref, self.tolerances)):
+            if close(actual, ref, tolerance_for(target, ref, self.tolerances, self.per_output)):
                 agree[k.key] = max_abs(actual, ref)
                 continue
             input_errors: dict[str, float | None] = {}
@@ -311,7 +414,7 @@ class _Bisector:
                 pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
                 ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
                 onnx_nodes=nodes, onnx_op_types=ops, onnx_inputs=list(dict.fromkeys(ins)), onnx_outputs=[name],
-                error=compare_one(name, actual, ref, self.tolerances), inputs_agree=inputs_agree,
+                error=compare_one(name, actual, ref, self.tolerances, self.per_output), inputs_agree=inputs_agree,
                 input_errors=input_errors, reason=group.reason if group else "")
         return None
 
@@ -356,17 +459,23 @@ class _Bisector:
             command += " --no-schedule"
         if self.options.gpu_arch:
             command += f" --gpu-arch {self.options.gpu_arch}"
+        if self.options.precision != "fp32":
+            command += f" --precision {self.options.precision}"
         if culprit.blame == BLAME_FUSION:
             command += "  # plus the --plugin that made the bad fusion, if it came from one"
         repro = Reproducer(model=str(model_path), inputs=str(inputs_path), command=command)
         if self.confirm:
             user_opts = self.options
             verdict = verify_model(str(model_path), options=user_opts, inputs_file=str(inputs_path),
-                                   tolerances=self.tolerances)
+                                   tolerances=self.tolerances,
+                                   per_output=self._per([o.name for o in sub.graph.output]))
             self.result.builds += 2
             repro.confirmed = not verdict.passed
             parts = [f"{b.config}: {b.compare.summary() if b.compare is not None else b.error}"
                      for b in (verdict.fused, verdict.unfused)]
+            fp64 = getattr(verdict.fused, "fp64", None)
+            if fp64 is not None:
+                parts.append(fp64.summary())
             repro.detail = "verify on the reproducer: " + verdict.status + " (" + "; ".join(parts) + ")"
         return repro
 
