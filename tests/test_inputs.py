@@ -273,3 +273,19 @@ def test_load_npz_errors_name_the_file(tmp_path: Path) -> None:
     np.save(single, np.zeros(3))
     with pytest.raises(InputError, match="single.npy.*single array"):
         load_npz(single)
+
+
+def test_narrow_types_are_drawn_over_their_range() -> None:
+    """4/2-bit integers over the type's whole range, 8-bit floats rounded to the format (compiler/subbyte.py and
+    narrow_floats.py compile them; ml_dtypes holds them one per byte)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["q"], ["a"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["f"], ["b"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("q", TensorProto.INT4, [4000]),
+         helper.make_tensor_value_info("f", TensorProto.FLOAT8E4M3FN, [100])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4000]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [100])])
+    feeds = make_inputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)]), {}, seed=0)
+    q, f = feeds["q"], feeds["f"]
+    assert q.dtype == ml_dtypes.int4 and {int(v) for v in q.astype(np.int8)} == set(range(-8, 8))
+    assert f.dtype == ml_dtypes.float8_e4m3fn and np.isfinite(f.astype(np.float32)).all() and f.astype(np.float32).std() > 0.5

@@ -152,7 +152,7 @@ def _np_dtype(value_info: onnx.ValueInfoProto) -> np.dtype:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
     except Exception as exc:
         raise ModelError(f"input {value_info.name!r} has unknown ONNX element type {elem}") from exc
-    if dtype.kind in "OUSV" and dtype.name != "bfloat16":
+    if dtype.kind in "OUSV" and dtype.name != "bfloat16" and not _narrow(dtype):
         raise ModelError(f"input {value_info.name!r} has element type "
                          f"{onnx.TensorProto.DataType.Name(elem)}, which fuseguard cannot generate")
     return dtype
@@ -188,9 +188,29 @@ def _rng(seed: int, name: str) -> np.random.Generator:
         np.random.SeedSequence(seed, spawn_key=(zlib.crc32(name.encode("utf-8")),))))
 
 
+def _narrow(dtype: np.dtype) -> str | None:
+    """"int" or "float" for ml_dtypes' narrow types (4/2-bit integers, 8/4-bit floats), else None."""
+    if dtype.name in ("int4", "uint4", "int2", "uint2"):
+        return "int"
+    if dtype.name.startswith(("float8_", "float4_")):
+        return "float"
+    return None
+
+
 def _draw(name: str, dtype: np.dtype, shape: tuple[int, ...], usage: _Usage,
           rng: np.random.Generator) -> np.ndarray:
     lowered = name.lower()
+    narrow = _narrow(dtype)
+    if narrow == "int":            # the type's whole range (ml_dtypes' iinfo), drawn wide and cast exactly
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(dtype)
+        return rng.integers(int(info.min), int(info.max) + 1, size=shape).astype(dtype)
+    if narrow == "float":          # a normal draw rounded to the format (saturated to its finite range)
+        import ml_dtypes
+
+        big = float(ml_dtypes.finfo(dtype).max)
+        return np.clip(rng.standard_normal(shape, dtype=np.float32), -big, big).astype(dtype)
     is_mask = "mask" in lowered or usage.mask_like
     if dtype.kind == "b":
         return np.ones(shape, dtype=bool) if is_mask else rng.integers(0, 2, size=shape).astype(bool)
