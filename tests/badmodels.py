@@ -108,28 +108,23 @@ def _outside_secret(folder: Path) -> Path:
     return secret
 
 
-def _if_with_lstm() -> onnx.ModelProto:
-    """An If whose then-branch holds an LSTM: the unsupported op hides in a subgraph."""
-    hidden = 2
-    w = numpy_helper.from_array(np.zeros((1, 4 * hidden, 3), np.float32), "W")
-    r = numpy_helper.from_array(np.zeros((1, 4 * hidden, hidden), np.float32), "R")
-    then = helper.make_graph([helper.make_node("LSTM", ["x", "W", "R"], ["seq"], name="inner_lstm",
-                                               hidden_size=hidden)],
-                             "then", [], [_vi("seq", [4, 1, 1, hidden])], [w, r])
+def _if_with_det() -> onnx.ModelProto:
+    """An If whose then-branch holds a Det (no converter): the unsupported op hides in a subgraph."""
+    then = helper.make_graph([helper.make_node("Det", ["x"], ["d"], name="inner_det")],
+                             "then", [], [_vi("d", [2])])
     other = helper.make_graph([helper.make_node("Constant", [], ["zeros"], name="zeros",
-                                                value=numpy_helper.from_array(np.zeros((4, 1, 1, hidden), np.float32)))],
-                              "else", [], [_vi("zeros", [4, 1, 1, hidden])])
-    node = helper.make_node("If", ["cond"], ["seq"], name="branch", then_branch=then, else_branch=other)
-    return _model([node], [_vi("cond", [], TensorProto.BOOL), _vi("x", [4, 1, 3])], [_vi("seq", [4, 1, 1, hidden])])
+                                                value=numpy_helper.from_array(np.zeros(2, np.float32)))],
+                              "else", [], [_vi("zeros", [2])])
+    node = helper.make_node("If", ["cond"], ["d"], name="branch", then_branch=then, else_branch=other)
+    return _model([node], [_vi("cond", [], TensorProto.BOOL), _vi("x", [2, 3, 3])], [_vi("d", [2])])
 
 
 def _frontend_failure() -> onnx.ModelProto:
-    """Valid for onnx.checker and ONNX Runtime, but TVM's frontend lacks blocked (int4-LLM style)
-    DequantizeLinear. The quantized tensor is an input, so constant folding cannot hide the op."""
-    nodes = [helper.make_node("DequantizeLinear", ["q", "scale"], ["y"], name="dq", axis=1, block_size=4)]
-    return _model(nodes, [_vi("q", [4, 8], TensorProto.INT8)], [_vi("y", [4, 8])],
-                  [numpy_helper.from_array(np.full((4, 2), 0.5, np.float32), "scale")], opsets=(("", 21),),
-                  ir_version=10)
+    """Valid for onnx.checker and ONNX Runtime, but TVM's frontend takes TopK's k only as a constant. k is
+    an input, so constant folding cannot hide the op."""
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="topk", axis=1)]
+    return _model(nodes, [_vi("x", [4, 64]), _vi("k", [1], TensorProto.INT64)],   # wider than a drawn k
+                  [_vi("values", [4, "k"]), _vi("indices", [4, "k"], TensorProto.INT64)])
 
 
 def _wide_conv() -> onnx.ModelProto:
@@ -164,15 +159,13 @@ CASES: list[tuple[BadCase, Builder]] = [
      lambda d: _save(_relu(opsets=(("", 99),)), d / "model.onnx")),
     (BadCase("ir99", "IR version 99", "model.onnx", expect=("model.onnx", "IR version 99")),
      lambda d: _save(_relu(ir_version=99), d / "model.onnx")),
-    (BadCase("lstm", "unsupported operator (LSTM)", "model.onnx",
-             expect=("model.onnx", "unsupported operator LSTM", "node 'lstm'")),
-     lambda d: _save(_model([helper.make_node("LSTM", ["x", "W", "R"], ["seq"], name="lstm", hidden_size=2)],
-                            [_vi("x", [4, 1, 3])], [_vi("seq", [4, 1, 1, 2])],
-                            [numpy_helper.from_array(np.zeros((1, 8, 3), np.float32), "W"),
-                             numpy_helper.from_array(np.zeros((1, 8, 2), np.float32), "R")]), d / "model.onnx")),
-    (BadCase("lstm-in-if", "unsupported operator inside an If branch", "model.onnx",
-             expect=("model.onnx", "unsupported operator LSTM", "inner_lstm", "branch")),
-     lambda d: _save(_if_with_lstm(), d / "model.onnx")),
+    (BadCase("det", "unsupported operator (Det)", "model.onnx",
+             expect=("model.onnx", "unsupported operator Det", "node 'det'")),
+     lambda d: _save(_model([helper.make_node("Det", ["x"], ["d"], name="det")],
+                            [_vi("x", [2, 3, 3])], [_vi("d", [2])]), d / "model.onnx")),
+    (BadCase("det-in-if", "unsupported operator inside an If branch", "model.onnx",
+             expect=("model.onnx", "unsupported operator Det", "inner_det", "branch")),
+     lambda d: _save(_if_with_det(), d / "model.onnx")),
     (BadCase("custom-op", "made-up operator in a custom domain", "model.onnx",
              expect=("model.onnx", "com.example::Frobnicate", "node 'frob'")),
      lambda d: _save(_model([helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.example")],
@@ -182,8 +175,8 @@ CASES: list[tuple[BadCase, Builder]] = [
              expect=("model.onnx", "Frobnicate", "frob")),
      lambda d: _save(_model([helper.make_node("Frobnicate", ["x"], ["y"], name="frob")],
                             [_vi("x", [1, 4])], [_vi("y", [1, 4])]), d / "model.onnx")),
-    (BadCase("frontend", "checker-valid model TVM's frontend rejects (blocked DequantizeLinear)", "model.onnx",
-             expect=("model.onnx", "node 'dq'", "DequantizeLinear", "blocked")),
+    (BadCase("frontend", "checker-valid model TVM's frontend rejects (TopK with a run-time k)", "model.onnx",
+             expect=("model.onnx", "node 'topk'", "TopK", "constant")),
      lambda d: _save(_frontend_failure(), d / "model.onnx")),
     (BadCase("ext-dotdot", "external data location with '..'", "model.onnx",
              expect=("model.onnx", "'w'", "../", "outside the model folder")),
