@@ -57,7 +57,8 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         if op_name in onnx_ops.BUILDER_CONVERTERS and op_name not in convert_map:
             sym = onnx_ops.BUILDER_CONVERTERS[op_name](self.bb, inputs, attrs)
         elif op_name in onnx_ops.CONVERTERS and op_name not in convert_map:
-            sym = onnx_ops.CONVERTERS[op_name](inputs, attrs)        # an op TVM has no converter for
+            # an op TVM has no converter for; `_opset` for defaults that changed between versions (DFT's axis)
+            sym = onnx_ops.CONVERTERS[op_name](inputs, {**attrs, "_opset": opset})
         elif op_name not in convert_map:
             raise UnsupportedOperatorError(f"unsupported operator {op_name}")
         elif op_name in onnx_ops.OVERRIDES:

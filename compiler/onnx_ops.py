@@ -298,6 +298,91 @@ def resize_inputs(inputs: list, attrs: dict) -> tuple[list, dict]:
     return out, attrs
 
 
+def dft(inputs: list, attrs: dict) -> relax.Expr:
+    """DFT (opset 17/20) as matmuls with cos/sin tables (float64-computed constants): forward and inverse,
+    onesided (rfft, and irfft: a one-sided spectrum to a real signal, as numpy's irfft), dft_length padding or
+    truncating. O(N^2) per signal: for the short windows of audio front ends, where a matmul is fast."""
+    x = inputs[0]
+    dims = static_dims(x)
+    if dims is None:
+        raise ValueError("DFT needs a static input shape")
+    length = _const_int(inputs[1], "dft_length") if len(inputs) > 1 and inputs[1] is not None else None
+    if len(inputs) > 2 and inputs[2] is not None:
+        axis = _const_int(inputs[2], "axis")
+    else:       # an attribute up to opset 19 (default 1), an input from 20 (default -2)
+        axis = int(attrs.get("axis", 1 if int(attrs.get("_opset", 20)) < 20 else -2))
+    rank = len(dims)
+    axis %= rank
+    if axis == rank - 1:
+        raise ValueError("DFT axis is the real/imaginary axis")
+    inverse, onesided = bool(int(attrs.get("inverse", 0))), bool(int(attrs.get("onesided", 0)))
+    n_in = dims[axis]
+    if length is None:
+        length = 2 * (n_in - 1) if inverse and onesided else n_in
+    dtype = str(x.ty.dtype)
+
+    def part(k: int) -> relax.Expr:
+        v = relax.op.squeeze(relax.op.strided_slice(x, [rank - 1], [k], [k + 1]), [rank - 1])
+        return relax.op.permute_dims(v, [d for d in range(rank - 1) if d != axis] + [axis])   # signal last
+
+    real = part(0)
+    imag = part(1) if dims[-1] == 2 else None
+    if inverse and onesided:                            # irfft: Hermitian half-spectrum -> real signal
+        m = min(n_in, length // 2 + 1)
+        k = np.arange(m)[:, None].astype(np.float64)
+        n = np.arange(length)[None, :]
+        weight = np.where((k == 0) | ((length % 2 == 0) & (k == length // 2)), 1.0, 2.0)
+        cos = weight * np.cos(2 * np.pi * k * n / length) / length
+        sin = -weight * np.sin(2 * np.pi * k * n / length) / length
+        cut = lambda v: relax.op.strided_slice(v, [rank - 2], [0], [m]) if n_in > m else v  # noqa: E731
+        out = relax.op.matmul(cut(real), relax.const(cos.astype(dtype), dtype))
+        if imag is not None:
+            out = relax.op.add(out, relax.op.matmul(cut(imag), relax.const(sin.astype(dtype), dtype)))
+        parts = [out]
+    else:
+        used = min(n_in, length)                        # numpy pads with zeros (or truncates) to dft_length
+        freqs = length // 2 + 1 if onesided else length
+        n = np.arange(used)[:, None].astype(np.float64)
+        k = np.arange(freqs)[None, :]
+        cos, sin = np.cos(2 * np.pi * n * k / length), np.sin(2 * np.pi * n * k / length)
+        scale = 1.0 / length if inverse else 1.0
+        sign = 1.0 if inverse else -1.0                 # e^{sign 2 pi i n k / L}
+        c = relax.const((cos * scale).astype(dtype), dtype)
+        s_ = relax.const((sin * scale * sign).astype(dtype), dtype)
+        cut = (lambda v: relax.op.strided_slice(v, [rank - 2], [0], [used])) if n_in > used else (lambda v: v)
+        re, im = cut(real), (cut(imag) if imag is not None else None)
+        # (re + i im)(cos + i s) = re cos - im s + i (re s + im cos)
+        out_re = relax.op.matmul(re, c)
+        out_im = relax.op.matmul(re, s_)
+        if im is not None:
+            out_re = relax.op.subtract(out_re, relax.op.matmul(im, s_))
+            out_im = relax.op.add(out_im, relax.op.matmul(im, c))
+        parts = [out_re, out_im]
+    order = [d for d in range(rank - 1) if d != axis] + [axis]
+    back = [order.index(d) for d in range(rank - 1)]
+    parts = [relax.op.expand_dims(relax.op.permute_dims(v, back), [rank - 1]) for v in parts]
+    return parts[0] if len(parts) == 1 else relax.op.concat(parts, axis=rank - 1)
+
+
+def reverse_sequence(inputs: list, attrs: dict) -> relax.Expr:
+    """ReverseSequence: each batch entry's first sequence_lens[b] steps along time_axis reversed, the rest
+    kept (a gather along the time axis with per-batch indices; lengths may be a run-time tensor)."""
+    x, lens = inputs
+    dims = static_dims(x)
+    if dims is None:
+        raise ValueError("ReverseSequence needs a static input shape")
+    batch_axis, time_axis = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    rank, steps = len(dims), dims[time_axis]
+    shape_t = [1] * rank
+    shape_t[time_axis] = steps
+    shape_b = [1] * rank
+    shape_b[batch_axis] = dims[batch_axis]
+    t = relax.const(np.arange(steps, dtype=np.int64).reshape(shape_t), "int64")
+    length = relax.op.reshape(relax.op.astype(lens, "int64"), shape_b)
+    index = relax.op.where(relax.op.less(t, length), relax.op.subtract(relax.op.subtract(length, relax.const(1, "int64")), t), t)
+    return relax.op.gather_elements(x, relax.op.broadcast_to(index, dims), axis=time_axis)
+
+
 #: converters that need the block builder (they emit a PrimFunc of their own)
 BUILDER_CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr]] = {
     "BitCast": bitcast,
@@ -348,4 +433,6 @@ CONVERTERS: dict[str, Callable[[list, dict], relax.Expr]] = {
     "BlackmanWindow": _window("blackman"),
     "CenterCropPad": center_crop_pad,
     "TensorScatter": tensor_scatter,
+    "DFT": dft,
+    "ReverseSequence": reverse_sequence,
 }

@@ -130,3 +130,37 @@ def test_a_resize_policy_tvm_cannot_sample_is_refused_with_the_reason() -> None:
                     helper.make_tensor("sizes", I64, [2], [4, 3])), axes=[3, 2], keep_aspect_ratio_policy="not_larger")
     with pytest.raises(FuseguardError, match="do not keep the common scale"):
         compile_model(model, {"x": (1, 2, 4, 6)})
+
+
+@pytest.mark.parametrize("inverse,onesided,length,complex_in", [
+    (0, 0, None, False), (0, 1, None, False), (0, 0, 12, True), (0, 1, 6, False),
+    (1, 0, None, True), (1, 1, None, True), (1, 1, 10, True)])
+@pytest.mark.parametrize("opset", [19, 20])
+def test_dft_matches_numpy_fft(inverse: int, onesided: int, length: int | None, complex_in: bool, opset: int) -> None:
+    """DFT against numpy's fft/ifft/rfft/irfft, each axis default of its opset (1 up to 19, -2 from 20), with
+    dft_length padding and truncating."""
+    shape = [2, 8, 5, 2 if complex_in else 1]
+    inputs = [("x", F, shape)]
+    inits = []
+    names = ["x"]
+    if length is not None:
+        inits.append(helper.make_tensor("n", I64, [], [length]))
+    names.append("n" if length is not None else "")
+    node = helper.make_node("DFT", names, ["y"], inverse=inverse, onesided=onesided)
+    graph = helper.make_graph([node], "dft", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", F, list(expected.shape)))
+    for got in _run_both(model, {"x": x}):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_reverse_sequence_with_run_time_lengths() -> None:
+    model = _model("ReverseSequence", 10, [("x", F, [5, 3, 2]), ("lens", I64, [3])], [5, 3, 2],
+                   batch_axis=1, time_axis=0)
+    feeds = {"x": np.arange(30, dtype=np.float32).reshape(5, 3, 2), "lens": np.array([5, 1, 3], np.int64)}
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    for got in _run_both(model, feeds):
+        np.testing.assert_array_equal(got, expected)
