@@ -233,8 +233,8 @@ def _range_symbolic(inputs: list) -> relax.Expr | None:
 def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr | None:
     """Conversions that keep ops fusable where the stock frontend does not (None: use the stock one).
 
-    - `Dropout` at inference (no training_mode, a constant false, or a constant ratio of 0) is the identity and its mask all
-      true (bool, as ONNX says): removed at import. Kept, relax's dropout op sat inside AlexNet's
+    - `Dropout` at inference (no training_mode, a constant false, or a constant ratio of 0) is the identity
+      and its mask all true (bool, as ONNX says): removed at import. Kept, relax's dropout op sat inside AlexNet's
       classifier groups as a second output, so the packed matmul schedule refused them and the fused
       build ran 12x slower than the unfused one.
     - `Sum` of N inputs: the stock converter stacks them and reduces, copying every input once more and

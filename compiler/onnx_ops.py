@@ -379,7 +379,8 @@ def reverse_sequence(inputs: list, attrs: dict) -> relax.Expr:
     shape_b[batch_axis] = dims[batch_axis]
     t = relax.const(np.arange(steps, dtype=np.int64).reshape(shape_t), "int64")
     length = relax.op.reshape(relax.op.astype(lens, "int64"), shape_b)
-    index = relax.op.where(relax.op.less(t, length), relax.op.subtract(relax.op.subtract(length, relax.const(1, "int64")), t), t)
+    last = relax.op.subtract(length, relax.const(1, "int64"))
+    index = relax.op.where(relax.op.less(t, length), relax.op.subtract(last, t), t)
     return relax.op.gather_elements(x, relax.op.broadcast_to(index, dims), axis=time_axis)
 
 

@@ -351,7 +351,8 @@ def dropout_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax
         r = rt().astype("float32")
         on = tt().astype("bool")
         keep = te.compute(xt.shape, lambda *i: tirx.Or(tirx.Not(on), uniform(*i) >= r), name="dropout_mask")
-        scale = tirx.Select(on, tirx.const(1.0, "float32") / (tirx.const(1.0, "float32") - r), tirx.const(1.0, "float32"))
+        one = tirx.const(1.0, "float32")
+        scale = tirx.Select(on, one / (one - r), one)
         y = te.compute(xt.shape, lambda *i: tirx.Select(keep(*i), (xt(*i).astype("float32") * scale).astype(dtype),
                                                        tirx.const(0, dtype)), name="dropout")
         return [y, keep]

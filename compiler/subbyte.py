@@ -238,7 +238,8 @@ def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.
     if zero is not None:
         z = bb.normalize(relax.op.astype(zero, "float32"))
         q = relax.op.add(q, narrow_floats.per_axis(z, xf, axis, "y_zero_point"))
-    clipped = relax.op.clip(q, relax.prim_value(tirx.FloatImm("float32", lo)), relax.prim_value(tirx.FloatImm("float32", hi)))
+    clipped = relax.op.clip(q, relax.prim_value(tirx.FloatImm("float32", lo)),
+                            relax.prim_value(tirx.FloatImm("float32", hi)))
     return relax.op.astype(clipped, "int8" if signed else "uint8")
 
 

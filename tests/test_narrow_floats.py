@@ -77,7 +77,8 @@ def test_onnx_casts_and_qdq_through_the_compiler_match_the_reference() -> None:
     ]
     graph = helper.make_graph(
         nodes, "narrow",
-        [helper.make_tensor_value_info("x", F, [4, 3]), helper.make_tensor_value_info("like", TensorProto.FLOAT8E5M2FNUZ, [0]),
+        [helper.make_tensor_value_info("x", F, [4, 3]),
+         helper.make_tensor_value_info("like", TensorProto.FLOAT8E5M2FNUZ, [0]),
          helper.make_tensor_value_info("h", TensorProto.FLOAT8E5M2, [6])],
         [helper.make_tensor_value_info("a", TensorProto.FLOAT8E4M3FN, [4, 3]),
          helper.make_tensor_value_info("b", TensorProto.FLOAT8E5M2FNUZ, [4, 3]),
@@ -91,7 +92,8 @@ def test_onnx_casts_and_qdq_through_the_compiler_match_the_reference() -> None:
              "h": np.array([0x00, 0x7C, 0xFC, 0x7E, 0x01, 0x83], np.uint8).view(ml_dtypes.float8_e5m2)}
     expected = ReferenceEvaluator(model).run(None, feeds)
     for fusion in (True, False):
-        got = compile_model(model, {k: v.shape for k, v in feeds.items()}, options=CompileOptions(fusion=fusion)).run(feeds)
+        shapes = {k: v.shape for k, v in feeds.items()}
+        got = compile_model(model, shapes, options=CompileOptions(fusion=fusion)).run(feeds)
         for name, g, w in zip("abcd", got, expected):
             assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
             g32, w32 = g.astype(np.float32), w.astype(np.float32)
