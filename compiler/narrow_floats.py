@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from .passes import static_dims
+from .passes import static_dims, tensor_dtype
 
 
 @dataclass(frozen=True)
@@ -174,16 +174,10 @@ def decode(u: tirx.PrimExpr, fmt: NarrowFloat) -> tirx.PrimExpr:
 
 # ------------------------------------------------------------------------------------------ relax side
 
-def _dtype_of(x: object) -> str | None:
-    """A tensor expression's dtype, else None (an omitted optional input, a shape)."""
-    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
 def to_narrow(bb: relax.BlockBuilder, x: relax.Expr, fmt: NarrowFloat, saturate: bool,
               round_mode: str = "up") -> relax.Expr:
     """Any real tensor -> `fmt` (through float32, exact for every source type ONNX casts from)."""
-    source = _dtype_of(x)
+    source = tensor_dtype(x)
     if source in BY_DTYPE:
         x = from_narrow(bb, x, BY_DTYPE[source], "float32")
 
@@ -220,7 +214,7 @@ def _mode(attrs: dict) -> str:
 
 def cast(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """Cast to or from an 8-bit float; None (TVM's converter) for every other cast."""
-    source = _dtype_of(inputs[0])
+    source = tensor_dtype(inputs[0])
     fmt = FORMATS.get(int(attrs["to"]))
     if fmt is not None:
         return to_narrow(bb, inputs[0], fmt, _flag(attrs, "saturate"), _mode(attrs))
@@ -231,11 +225,11 @@ def cast(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None
 
 
 def cast_like(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
-    target = _dtype_of(inputs[1])
+    target = tensor_dtype(inputs[1])
     if target in BY_DTYPE:
         return to_narrow(bb, inputs[0], BY_DTYPE[target], _flag(attrs, "saturate"), _mode(attrs))
-    if _dtype_of(inputs[0]) in BY_DTYPE:
-        return from_narrow(bb, inputs[0], BY_DTYPE[_dtype_of(inputs[0])], target)
+    if tensor_dtype(inputs[0]) in BY_DTYPE:
+        return from_narrow(bb, inputs[0], BY_DTYPE[tensor_dtype(inputs[0])], target)
     return None
 
 
@@ -257,7 +251,7 @@ def per_axis(value: relax.Expr, like: relax.Expr, axis: int, what: str) -> relax
 def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """QuantizeLinear to an 8-bit float: x / scale, then the saturating cast (the zero point must be 0)."""
     zero = inputs[2] if len(inputs) > 2 else None
-    target = _dtype_of(zero) if zero is not None else None
+    target = tensor_dtype(zero) if zero is not None else None
     if target is None and "output_dtype" in attrs:
         fmt = FORMATS.get(int(attrs["output_dtype"]))
     else:
@@ -267,8 +261,8 @@ def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.
     if int(attrs.get("block_size", 0)):
         raise ValueError("blocked QuantizeLinear to an 8-bit float is not supported")
     x, scale = inputs[0], inputs[1]
-    if _dtype_of(scale) != _dtype_of(x):
-        scale = bb.normalize(relax.op.astype(scale, _dtype_of(x)))
+    if tensor_dtype(scale) != tensor_dtype(x):
+        scale = bb.normalize(relax.op.astype(scale, tensor_dtype(x)))
     scaled = bb.normalize(relax.op.divide(x, per_axis(scale, x, int(attrs.get("axis", 1)), "y_scale")))
     return to_narrow(bb, scaled, fmt, _flag(attrs, "saturate"))
 
@@ -276,15 +270,15 @@ def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.
 def dequantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """DequantizeLinear from an 8-bit float: decoded, times the scale (the zero point must be 0)."""
     x = inputs[0]
-    fmt = BY_DTYPE.get(_dtype_of(x))
+    fmt = BY_DTYPE.get(tensor_dtype(x))
     if fmt is None:
         return None
     if int(attrs.get("block_size", 0)):
         raise ValueError("blocked DequantizeLinear from an 8-bit float is not supported")
     scale = inputs[1]
     out = (onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
-           if int(attrs.get("output_dtype", 0)) else _dtype_of(scale))
-    if _dtype_of(scale) != "float32":
+           if int(attrs.get("output_dtype", 0)) else tensor_dtype(scale))
+    if tensor_dtype(scale) != "float32":
         scale = bb.normalize(relax.op.astype(scale, "float32"))
     decoded = from_narrow(bb, x, fmt, "float32")
     product = relax.op.multiply(decoded, per_axis(scale, x, int(attrs.get("axis", 1)), "x_scale"))

@@ -28,12 +28,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from .passes import const_values, static_dims
-
-
-def _dtype(x: object) -> str | None:
-    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+from .passes import const_values, static_dims, tensor_dtype
 
 
 
@@ -63,7 +58,7 @@ def mod(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """Float Mod with fmod=0: NumPy's `mod`, the remainder taking the divisor's sign. From C's exact fmod:
     a non-zero remainder of the other sign gets the divisor added (so -3 mod Inf is Inf, 3 mod -Inf is -Inf),
     a zero one takes the divisor's sign; the signs read from the bits (fast-math folds float compares)."""
-    dtype = _dtype(inputs[0])
+    dtype = tensor_dtype(inputs[0])
     if int(attrs.get("fmod", 0)) or dtype not in ("float16", "float32", "float64"):
         return None
     operands = _broadcast(bb, inputs[0], inputs[1])
@@ -88,14 +83,14 @@ def mod(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
 
 def bit_shift(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """Shifts by < 0 or >= the bit width give 0 (left) or the sign fill (right), as NumPy does."""
-    dtype = _dtype(inputs[0])
+    dtype = tensor_dtype(inputs[0])
     operands = _broadcast(bb, inputs[0], inputs[1])
     if dtype is None or operands is None:
         return None
     direction = attrs.get("direction", b"LEFT")
     left = (direction.decode() if isinstance(direction, bytes) else str(direction)) == "LEFT"
     width = int(dtype.removeprefix("u").removeprefix("int"))
-    shift_dtype = _dtype(operands[1])
+    shift_dtype = tensor_dtype(operands[1])
 
     def kernel(a: te.Tensor, b: te.Tensor) -> te.Tensor:
         def value(*i: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -134,7 +129,7 @@ def expand_inputs(bb: relax.BlockBuilder, inputs: list) -> list | None:
     if len(inputs) != 2 or not isinstance(inputs[1], relax.Var):
         return None
     dims, shape_len = static_dims(inputs[0]), static_dims(inputs[1])
-    if dims is None or shape_len is None or len(shape_len) != 1 or _dtype(inputs[1]) != "int64":
+    if dims is None or shape_len is None or len(shape_len) != 1 or tensor_dtype(inputs[1]) != "int64":
         return None
     n = shape_len[0]
     if n < len(dims):
@@ -183,12 +178,12 @@ def batch_norm_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> re
         return None
     x, scale, bias, mean, var = inputs[:5]
     dims = static_dims(x)
-    if dims is None or _dtype(x) not in ("float32", "float64", "float16"):
+    if dims is None or tensor_dtype(x) not in ("float32", "float64", "float16"):
         return None
     axes = [a for a in range(len(dims)) if a != 1]
     eps = float(attrs.get("epsilon", 1e-5))
     momentum = float(attrs.get("momentum", 0.9))
-    dtype = _dtype(x)
+    dtype = tensor_dtype(x)
     batch_mean = relax.op.mean(x, axes)
     batch_var = relax.op.variance(x, axes)
     shape = [1, dims[1]] + [1] * (len(dims) - 2)
@@ -207,7 +202,7 @@ def pow_(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None
     """The result has the base's type. A float base takes the exponent cast to it; an integer base is
     computed in float64 and truncated back (NumPy's integer power, exact for the values that fit)."""
     base, exponent = inputs
-    bt, et = _dtype(base), _dtype(exponent)
+    bt, et = tensor_dtype(base), tensor_dtype(exponent)
     if bt is None or et is None or (bt == et and bt.startswith("float")):
         return None
     if bt.startswith(("float", "bfloat")):
@@ -247,7 +242,7 @@ def eye_like(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | 
     if dims is None or len(dims) != 2:
         return None
     dtype = (onnx.helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])).name if "dtype" in attrs
-             else _dtype(inputs[0]))
+             else tensor_dtype(inputs[0]))
     return relax.op.eye(dims[0], dims[1], int(attrs.get("k", 0)), dtype)
 
 
@@ -275,7 +270,7 @@ def reduction(kind: str) -> Callable[[relax.BlockBuilder, list, dict], relax.Exp
     as the max/min of uint8 and compared back (TVM failed in FoldConstant: no min_value for bool)."""
     def convert(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
         x = inputs[0]
-        dims, dtype = static_dims(x), _dtype(x)
+        dims, dtype = static_dims(x), tensor_dtype(x)
         if dims is None or dtype is None:
             return None
         axes = _reduce_axes(inputs, attrs, len(dims))
@@ -324,7 +319,7 @@ def dropout_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax
     x = inputs[0]
     training = inputs[2] if len(inputs) > 2 else None
     ratio = inputs[1] if len(inputs) > 1 else None
-    dtype = _dtype(x)
+    dtype = tensor_dtype(x)
     dims = static_dims(x)
     if training is None or dims is None or dtype is None or not dtype.startswith("float"):
         return None
@@ -393,15 +388,15 @@ def blocked_dequantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict)
     """Blocked DequantizeLinear (opset 21: one scale per `block_size` elements along `axis`) of an 8/16-bit
     integer: (x - zero_point) * scale with both repeated to full size. TVM refuses block_size."""
     operands = _blocked_operands(bb, inputs, attrs)
-    if operands is None or _dtype(inputs[0]) not in _INT_RANGES:
+    if operands is None or tensor_dtype(inputs[0]) not in _INT_RANGES:
         return None
     scale, zero, _ = operands
     x = relax.op.astype(inputs[0], "float32")
     if zero is not None:
         x = relax.op.subtract(x, relax.op.astype(zero, "float32"))
     out = (onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
-           if int(attrs.get("output_dtype", 0)) else _dtype(inputs[1]))
-    y = relax.op.multiply(x, relax.op.astype(scale, "float32") if _dtype(scale) != "float32" else scale)
+           if int(attrs.get("output_dtype", 0)) else tensor_dtype(inputs[1]))
+    y = relax.op.multiply(x, relax.op.astype(scale, "float32") if tensor_dtype(scale) != "float32" else scale)
     return y if out == "float32" else relax.op.astype(y, out)
 
 
@@ -411,14 +406,14 @@ def blocked_quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -
     if operands is None:
         return None
     scale, zero, _ = operands
-    target = _dtype(zero) if zero is not None else (
+    target = tensor_dtype(zero) if zero is not None else (
         onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
         if int(attrs.get("output_dtype", 0)) else "uint8")
     if target not in _INT_RANGES:
         return None
     lo, hi = _INT_RANGES[target]
-    x = relax.op.astype(inputs[0], "float32") if _dtype(inputs[0]) != "float32" else inputs[0]
-    q = relax.op.round(relax.op.divide(x, relax.op.astype(scale, "float32") if _dtype(scale) != "float32"
+    x = relax.op.astype(inputs[0], "float32") if tensor_dtype(inputs[0]) != "float32" else inputs[0]
+    q = relax.op.round(relax.op.divide(x, relax.op.astype(scale, "float32") if tensor_dtype(scale) != "float32"
                                        else scale))
     if zero is not None:
         q = relax.op.add(q, relax.op.astype(zero, "float32"))

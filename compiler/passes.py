@@ -204,6 +204,12 @@ def const_values(x: object) -> np.ndarray | None:
     return data.numpy() if data is not None and hasattr(data, "numpy") else None
 
 
+def tensor_dtype(x: object) -> str | None:
+    """A tensor expression's dtype, else None (an omitted optional input, a shape, a tuple)."""
+    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
 def static_dims(expr: relax.Expr) -> list[int] | None:
     """An expression's static tensor shape, or None (not a tensor, unknown rank or a symbolic dim)."""
     ty = getattr(expr, "ty", None)

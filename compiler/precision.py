@@ -31,6 +31,7 @@ import tvm
 from tvm import relax
 
 from .errors import UsageError
+from .passes import tensor_dtype
 
 #: --precision values and the element type each computes GEMM operands in.
 PRECISIONS: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -57,11 +58,6 @@ def check(precision: str) -> str:
     return precision
 
 
-def _dtype(expr: relax.Expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
 def _is_float(dtype: str | None) -> bool:
     return dtype is not None and (dtype.startswith("float") or dtype == "bfloat16")
 
@@ -75,7 +71,7 @@ class _Convert(relax.PyExprMutator):
         self.low = low
 
     def _cast(self, expr: relax.Expr, dtype: str) -> relax.Expr:
-        if _dtype(expr) == dtype or not _is_float(_dtype(expr)):
+        if tensor_dtype(expr) == dtype or not _is_float(tensor_dtype(expr)):
             return expr
         return self.builder_.normalize(relax.op.astype(expr, dtype))
 
@@ -85,7 +81,7 @@ class _Convert(relax.PyExprMutator):
         if op is None or op == "relax.astype":
             return call
         args = list(call.args)
-        floats = [_dtype(a) for a in args if _is_float(_dtype(a))]
+        floats = [tensor_dtype(a) for a in args if _is_float(tensor_dtype(a))]
         if not floats:
             return call
         if op in ALWAYS:
@@ -93,12 +89,12 @@ class _Convert(relax.PyExprMutator):
                 return call
             new_args = [self._cast(a, self.low) for a in args]
             widened = relax.Call(call.op, new_args, _with_out_dtype(call.attrs, FP32), call.ty_args)
-            native = _dtype(call)       # a model's own fp16 GEMM keeps its output type (fp32 accumulation)
+            native = tensor_dtype(call)       # a model's own fp16 GEMM keeps its output type (fp32 accumulation)
             return widened if native in (None, FP32) else relax.op.astype(self.builder_.normalize(widened), native)
         if op in FOLLOW and all(d == self.low for d in floats):
             return call
         if self.low in floats:
-            return relax.Call(call.op, [self._cast(a, FP32) if _dtype(a) == self.low else a for a in args],
+            return relax.Call(call.op, [self._cast(a, FP32) if tensor_dtype(a) == self.low else a for a in args],
                               call.attrs, call.ty_args)
         return call
 
@@ -130,7 +126,7 @@ def dtype_census(mod: tvm.IRModule) -> dict[str, dict[str, int]]:
 
     def visit(expr: relax.Expr) -> None:
         if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            dtype = _dtype(expr)
+            dtype = tensor_dtype(expr)
             if dtype is not None:
                 seen[(expr.op.name.removeprefix("relax."), dtype)] += 1
 

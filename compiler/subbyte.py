@@ -24,6 +24,7 @@ from tvm import relax, te, tirx
 
 from . import narrow_floats
 from .errors import ModelError
+from .passes import tensor_dtype
 
 #: ONNX type -> (bits, signed) for the sub-byte integers
 INTEGERS: dict[int, tuple[int, bool]] = {
@@ -125,11 +126,6 @@ def to_containers(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
 
 # ------------------------------------------------------------------------------------------ converters
 
-def _dtype(x: object) -> str | None:
-    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
 def _int_cast(value: tirx.PrimExpr, source: str, onnx_type: int) -> tirx.PrimExpr:
     """One element to the N-bit integer, in its container's dtype."""
     bits, signed = INTEGERS[onnx_type]
@@ -157,7 +153,7 @@ def _to(bb: relax.BlockBuilder, x: relax.Expr, source_type: int | None, onnx_typ
     """`x` (of ONNX type `source_type` when it is a container) cast to the sub-byte `onnx_type`."""
     if source_type == TensorProto.FLOAT4E2M1:
         x, source_type = _from_float4(bb, x, "float32"), None
-    source = _dtype(x)
+    source = tensor_dtype(x)
     if onnx_type == TensorProto.FLOAT4E2M1:
         return bb.emit_te(lambda t: te.compute(t.shape, lambda *i: narrow_floats.encode(
             t(*i).astype("float32"), narrow_floats.FLOAT4, saturate=True), name="to_float4"),
@@ -208,7 +204,7 @@ def cast_like(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr |
     if target is not None:
         return _to(bb, inputs[0], source, target)
     if source is not None:
-        return _from(bb, inputs[0], source, _dtype(inputs[1]))
+        return _from(bb, inputs[0], source, tensor_dtype(inputs[1]))
     return None
 
 
@@ -223,9 +219,9 @@ def quantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.
     x, scale = inputs[0], inputs[1]
     zero = inputs[2] if len(inputs) > 2 else None
     axis = int(attrs.get("axis", 1))
-    if _dtype(scale) != "float32":
+    if tensor_dtype(scale) != "float32":
         scale = bb.normalize(relax.op.astype(scale, "float32"))
-    xf = x if _dtype(x) == "float32" else bb.normalize(relax.op.astype(x, "float32"))
+    xf = x if tensor_dtype(x) == "float32" else bb.normalize(relax.op.astype(x, "float32"))
     scaled = relax.op.divide(xf, narrow_floats.per_axis(scale, xf, axis, "y_scale"))
     if target == TensorProto.FLOAT4E2M1:
         if zero is not None:
@@ -252,8 +248,8 @@ def dequantize_linear(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> rela
         raise ValueError("blocked DequantizeLinear from FLOAT4E2M1 is not supported")
     x, scale = inputs[0], inputs[1]
     out = (onnx.helper.tensor_dtype_to_np_dtype(int(attrs["output_dtype"])).name
-           if int(attrs.get("output_dtype", 0)) else _dtype(scale))
-    if _dtype(scale) != "float32":
+           if int(attrs.get("output_dtype", 0)) else tensor_dtype(scale))
+    if tensor_dtype(scale) != "float32":
         scale = bb.normalize(relax.op.astype(scale, "float32"))
     decoded = bb.normalize(_from_float4(bb, x, "float32"))
     product = relax.op.multiply(decoded, narrow_floats.per_axis(scale, decoded, int(attrs.get("axis", 1)), "x_scale"))

@@ -258,18 +258,10 @@ class _Bisector:
             inputs_agree = None if None in states else all(states)
             if inputs_agree is False:
                 continue            # inherited from an earlier kernel's drift (that one would have been named)
-            members = alignment.members.get(k.key, [target])
-            nodes, ops = self.node_names(members)
-            group = self._report_group(fused.compiled, k, target)
             ratio = f_err / u_err if u_err > 0 else float("inf")
-            return Culprit(
-                blame=BLAME_FUSION, kernel=k.key, function=k.function,
-                pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
-                ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
-                onnx_nodes=nodes, onnx_op_types=ops,
-                onnx_inputs=list(dict.fromkeys(t for v in k.input_vars for t in onnx_inputs(v))),
-                onnx_outputs=[tensor], error=compare_one(tensor, actual, ref, self.tolerances, self.per_output),
-                inputs_agree=inputs_agree, input_errors={}, reason=group.reason if group else "",
+            return self._fusion_record(
+                k, target, fused, unfused, alignment, tensor, actual, ref,
+                [t for v in k.input_vars for t in onnx_inputs(v)], inputs_agree, {},
                 fp64=(f"{precision} vs fp64: fused rmse {f_err:.3g}, unfused {u_err:.3g} ({ratio:.2f}x; allowed "
                       f"{HALF_MULT:g}x + {UNIT_ROUNDOFF[precision]:.2g} x rms {_rms(g):.3g})"))
         return None
@@ -404,19 +396,26 @@ class _Bisector:
                 else:
                     input_errors[v] = None
                     inputs_agree = None if inputs_agree else inputs_agree
-            members = alignment.members.get(k.key, [target])
-            nodes, ops = self.node_names(members)
-            group = self._report_group(fused.compiled, k, target)
             ins = [u2onnx.get(alignment.mapping.get(v, v), alignment.mapping.get(v, v)) for v in k.input_vars]
-            name = u2onnx.get(target, target)
-            return Culprit(
-                blame=BLAME_FUSION, kernel=k.key, function=k.function,
-                pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
-                ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
-                onnx_nodes=nodes, onnx_op_types=ops, onnx_inputs=list(dict.fromkeys(ins)), onnx_outputs=[name],
-                error=compare_one(name, actual, ref, self.tolerances, self.per_output), inputs_agree=inputs_agree,
-                input_errors=input_errors, reason=group.reason if group else "")
+            return self._fusion_record(k, target, fused, unfused, alignment, u2onnx.get(target, target), actual, ref,
+                                       ins, inputs_agree, input_errors)
         return None
+
+    def _fusion_record(self, k: "CapturedKernel", target: str, fused: _Build, unfused: _Build,
+                       alignment: "Alignment", name: str, actual: np.ndarray, ref: np.ndarray,
+                       onnx_inputs: Sequence[str], inputs_agree: bool | None,
+                       input_errors: dict[str, float | None], fp64: str = "") -> Culprit:
+        """The culprit record of fused kernel `k` (aligned to unfused `target`), fp32 and reduced precision alike."""
+        members = alignment.members.get(k.key, [target])
+        nodes, ops = self.node_names(members)
+        group = self._report_group(fused.compiled, k, target)
+        return Culprit(
+            blame=BLAME_FUSION, kernel=k.key, function=k.function,
+            pattern=group.pattern if group else ("" if len(members) <= 1 else "generic"),
+            ops=list(group.ops) if group else [stem(unfused.manifest.by_key()[m].function) for m in members],
+            onnx_nodes=nodes, onnx_op_types=ops, onnx_inputs=list(dict.fromkeys(onnx_inputs)), onnx_outputs=[name],
+            error=compare_one(name, actual, ref, self.tolerances, self.per_output), inputs_agree=inputs_agree,
+            input_errors=input_errors, reason=group.reason if group else "", fp64=fp64)
 
     @staticmethod
     def _report_group(compiled: "CompiledModel", kernel: "CapturedKernel", target: str) -> Any:
