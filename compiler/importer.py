@@ -248,12 +248,8 @@ def _fuseguard_converter(op_name: str, inputs: list, attrs: dict) -> relax.Expr 
     in compiler/onnx_ops.py, called from `_TracingImporter._convert_operator`.
     """
     if op_name == "Dropout" and inputs and isinstance(inputs[0], relax.Expr):
-        training = inputs[2] if len(inputs) > 2 else None
-        ratio = _const_array(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
-        zero_ratio = ratio is not None and ratio.size == 1 and float(ratio.reshape(())) == 0.0
-        if training is not None and not zero_ratio and \
-                not (hasattr(training, "value") and not bool(training.value.numpy())):
-            return None         # training mode (or unknown): random, keep the stock converter
+        if not onnx_semantics.dropout_is_identity(inputs):
+            return None         # training mode (or unknown): compiler/onnx_semantics.py's dropout_training
         if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
             return relax.Tuple([inputs[0]])
         return relax.Tuple([inputs[0], relax.op.ones_like(inputs[0], dtype="bool")])

@@ -30,8 +30,6 @@ def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:
     return relax.const(np.asarray(value, dtype=dtype), dtype)
 
 
-
-
 def _const_int(x: object, what: str) -> int:
     arr = const_values(x)
     if arr is None or arr.size != 1:

@@ -309,6 +309,18 @@ def constant(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | 
     return None
 
 
+def dropout_is_identity(inputs: list) -> bool:
+    """Dropout at inference: no training_mode, a constant false one, or a constant ratio of 0 (the one test
+    both the importer's removal of the op and `dropout_training` ask)."""
+    training = inputs[2] if len(inputs) > 2 else None
+    if training is None:
+        return True
+    fixed = const_values(training)
+    ratio = const_values(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    return (fixed is not None and not bool(fixed.reshape(()))) or \
+        (ratio is not None and ratio.size == 1 and float(ratio.reshape(())) == 0.0)
+
+
 def dropout_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
     """Dropout whose training_mode is true or decided at run time: y = x * mask / (1 - ratio) with a bool mask
     (u >= ratio, u uniform in [0, 1) from a counter-based hash of the element's index and `seed`), the
@@ -321,12 +333,7 @@ def dropout_training(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax
     ratio = inputs[1] if len(inputs) > 1 else None
     dtype = tensor_dtype(x)
     dims = static_dims(x)
-    if training is None or dims is None or dtype is None or not dtype.startswith("float"):
-        return None
-    fixed = const_values(training)
-    fixed_ratio = const_values(ratio) if ratio is not None else None
-    if (fixed is not None and not bool(fixed.reshape(()))) or \
-            (fixed_ratio is not None and fixed_ratio.size == 1 and float(fixed_ratio.reshape(())) == 0.0):
+    if dims is None or dtype is None or not dtype.startswith("float") or dropout_is_identity(inputs):
         return None
     if ratio is None:
         ratio = relax.const(0.5, "float32")
