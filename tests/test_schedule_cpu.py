@@ -462,6 +462,31 @@ def test_approximation_error_bounds(op_name: str, target: tvm.target.Target) -> 
     np.testing.assert_allclose(got_s, want, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("op_name", ["erf", "tanh", "exp", "sigmoid"])
+def test_approximation_stays_vectorised(op_name: str, target: tvm.target.Target) -> None:
+    """TVM scalarises a vectorised loop holding any call it does not know to be vectorisable: `isnan`
+    (the approximations' NaN guard) was one, so every fused GELU/SiLU epilogue ran as scalar TIR that LLVM
+    re-vectorised at 256 bits. The loop must reach LLVM as 16-lane vectors and keep NaN/inf right there."""
+    from tvm import s_tir, te
+
+    n = 64
+    a = te.placeholder((n,), "float32", name="A")
+    fn = {"erf": te.erf, "tanh": te.tanh, "exp": te.exp, "sigmoid": te.sigmoid}[op_name]
+    b = te.compute((n,), lambda i: fn(a[i]), name="B")
+    sch = s_tir.Schedule(approx.rewrite_fast_math(te.create_prim_func([a, b])))
+    (loop,) = sch.get_loops(sch.get_sblock("B"))
+    sch.vectorize(sch.split(loop, [None, 16])[1])
+    lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    assert "<16 x float>" in lib.inspect_source("ll")
+    xs = np.resize(np.array([np.nan, np.inf, -np.inf, -200.0, 200.0, 0.0, 0.5, -1.5], dtype="float32"), n)
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    lib["main"](tvm.runtime.tensor(xs), out)
+    refs = {"erf": scipy.special.erf, "tanh": np.tanh, "exp": np.exp, "sigmoid": scipy.special.expit}
+    with np.errstate(over="ignore"):
+        want = refs[op_name](xs)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
 # --- host detection -----------------------------------------------------------------------------
 
 ZEN1_EPYC = """processor\t: 0
