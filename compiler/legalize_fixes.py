@@ -5,14 +5,74 @@
   key by testing its ReduceMax for -inf: the test missed, and a fully masked row came out NaN where ONNX
   says 0 (seven node-suite cases). Started from -inf it is exact; the schedules see the same reduction.
 - `relax.min` over floats: the mirror image (a row of +inf read 3.4e38); started from +inf.
+- Every reduction (sum, prod, mean, max, min, variance, std) over an axis of static extent 0: TVM's kernel
+  skips its init when the reduced extent is 0 and returned uninitialised memory (measured: 0.0 and 4.2e-43
+  where -inf was due). Such a reduction is its identity, as a constant: sum 0, prod 1, max -inf (an integer
+  type's least value), min +inf, mean / variance / std NaN (numpy's and ONNX's reference values). Here, not in
+  the ONNX converters, so a reduction written by any converter or pass (a LogSumExp, an L2 norm) is covered.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
-_DEFAULTS = {op: tvm.ir.Op.get(op).get_attr("FLegalize") for op in ("relax.max", "relax.min")}
+#: a reduction of no elements: its identity (float types; integers and bool in `_empty_value`)
+_EMPTY = {"relax.sum": 0.0, "relax.prod": 1.0, "relax.max": -np.inf, "relax.min": np.inf, "relax.mean": np.nan,
+          "relax.variance": np.nan, "relax.std": np.nan}
+_DEFAULTS = {op: tvm.ir.Op.get(op).get_attr("FLegalize") for op in _EMPTY}
+
+
+def _static_dims(ty: object) -> list[int] | None:
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in ty.shape.values]
+    return None if None in dims else dims
+
+
+def _empty_value(op: str, dtype: str) -> float | int | bool | None:
+    """What `op` over no elements is in `dtype`, or None when TVM's own answer stands (an integer mean)."""
+    value = _EMPTY[op]
+    if dtype == "bool":
+        return op in ("relax.min", "relax.prod") if op in ("relax.max", "relax.min", "relax.prod", "relax.sum") else None
+    if dtype.startswith(("float", "bfloat")):
+        return value
+    if np.isnan(value):
+        return None
+    if np.isinf(value):
+        info = np.iinfo(dtype)
+        return info.min if value < 0 else info.max
+    return int(value)
+
+
+def _legalize_empty(bb: relax.BlockBuilder | None, call: relax.Call) -> relax.Expr | None:
+    """A reduction over a reduced axis of static extent 0, as its identity; None when it is not one."""
+    ty = call.args[0].ty
+    dims = _static_dims(ty)
+    if dims is None or not dims:
+        return None
+    ndim = len(dims)
+    axes = {int(a) % ndim for a in call.attrs.axis} if call.attrs.axis is not None else set(range(ndim))
+    if not any(dims[a] == 0 for a in axes):
+        return None
+    dtype = str(ty.dtype)
+    value = _empty_value(call.op.name, dtype)
+    if value is None:
+        return None
+    shape = [1 if a in axes else d for a, d in enumerate(dims)] if call.attrs.keepdims else \
+        [d for a, d in enumerate(dims) if a not in axes]
+    # a constant array: relax.op.full fails in FoldConstant on TVM 0.27 ("PrimType is not iterable")
+    return relax.const(np.full(shape, value, dtype=dtype), dtype)
+
+
+def _legalize_reduction(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    empty = _legalize_empty(bb, call)
+    if empty is not None:
+        return empty
+    if call.op.name in ("relax.max", "relax.min"):
+        return _legalize_extremum(bb, call)
+    return _DEFAULTS[call.op.name](bb, call)
 
 
 def _legalize_extremum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -53,6 +113,27 @@ def _legalize_extremum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(compute, data, primfunc_name_hint="max" if is_max else "min")
 
 
+@relax.expr_functor.mutator
+class _EmptyReductionFolder(relax.PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in _EMPTY:
+            folded = _legalize_empty(None, call)
+            if folded is not None:
+                return folded
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldEmptyReductions")
+def FoldEmptyReductions(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """The same identities before FoldConstant: a reduction of a zero-size constant (an importer turns a 0-size
+    input into one) is folded there with TVM's own legalisation, which divides by the extent 0 for a mean
+    ("Divide by zero") and fails the build."""
+    from .passes import each_relax_function
+
+    return each_relax_function(mod, _EmptyReductionFolder(mod).visit_expr)
+
+
 def legalize_map() -> dict[str, object]:
     """`LegalizeOps(customize_legalize_map=...)` entries, for every target."""
-    return {"relax.max": _legalize_extremum, "relax.min": _legalize_extremum}
+    return {op: _legalize_reduction for op in _EMPTY}

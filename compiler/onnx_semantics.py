@@ -258,42 +258,21 @@ def _reduce_axes(inputs: list, attrs: dict, rank: int) -> list[int] | None:
     return [] if int(attrs.get("noop_with_empty_axes", 0)) else list(range(rank))
 
 
-#: what a reduction of no elements is (ONNX's reference): the operation's identity
-_EMPTY = {"max": -np.inf, "min": np.inf, "sum": 0.0, "sum_square": 0.0, "l1": 0.0, "l2": 0.0, "prod": 1.0,
-          "log_sum": -np.inf, "log_sum_exp": -np.inf, "mean": np.nan}
-
-
-def reduction(kind: str) -> Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]:
-    """Reduce* over an axis of size 0: its identity (max -inf, min +inf, sum 0, prod 1, log-sum -inf, ...),
-    as a constant. TVM's kernel skips its init when the reduced extent is 0 and returned uninitialised
-    memory (measured: 0.0 and 4.2e-43 where -inf was due). ReduceMax/ReduceMin of bool: any/all, computed
-    as the max/min of uint8 and compared back (TVM failed in FoldConstant: no min_value for bool)."""
+def bool_extremum(kind: str) -> Callable[[relax.BlockBuilder, list, dict], relax.Expr | None]:
+    """ReduceMax/ReduceMin of bool: any/all, computed as the max/min of uint8 and compared back (TVM failed in
+    FoldConstant: no min_value for bool). A reduction over an axis of size 0 is legalised to its identity
+    wherever it comes from (compiler/legalize_fixes.py)."""
     def convert(bb: relax.BlockBuilder, inputs: list, attrs: dict) -> relax.Expr | None:
         x = inputs[0]
         dims, dtype = static_dims(x), tensor_dtype(x)
-        if dims is None or dtype is None:
+        if dims is None or dtype != "bool":
             return None
         axes = _reduce_axes(inputs, attrs, len(dims))
         if axes is None:
             return None
-        keep = bool(int(attrs.get("keepdims", 1)))
-        if axes and any(dims[a] == 0 for a in axes):
-            shape = [1 if a in axes else d for a, d in enumerate(dims)] if keep else \
-                [d for a, d in enumerate(dims) if a not in axes]
-            value = _EMPTY[kind]
-            if dtype == "bool":
-                value = kind == "min"
-            elif not dtype.startswith(("float", "bfloat")) and np.isnan(value):
-                return None                  # an integer mean of nothing: left to TVM
-            elif not dtype.startswith(("float", "bfloat")) and np.isinf(value):
-                info = np.iinfo(dtype)
-                value = info.min if value < 0 else info.max
-            # a constant array: relax.op.full fails in FoldConstant on TVM 0.27 ("PrimType is not iterable")
-            return relax.const(np.full(shape, value, dtype=dtype), dtype)
-        if dtype != "bool" or kind not in ("max", "min"):
-            return None
         if not axes:
             return x
+        keep = bool(int(attrs.get("keepdims", 1)))
         as_int = relax.op.astype(x, "uint8")
         reduced = (relax.op.max if kind == "max" else relax.op.min)(as_int, axes, keep)
         return relax.op.not_equal(reduced, relax.const(0, "uint8"))
@@ -438,16 +417,8 @@ CONVERTERS: dict[str, Callable[[relax.BlockBuilder, list, dict], relax.Expr | No
     "Pow": pow_,
     "OneHot": one_hot,
     "EyeLike": eye_like,
-    "ReduceMax": reduction("max"),
-    "ReduceMin": reduction("min"),
-    "ReduceSum": reduction("sum"),
-    "ReduceSumSquare": reduction("sum_square"),
-    "ReduceL1": reduction("l1"),
-    "ReduceL2": reduction("l2"),
-    "ReduceProd": reduction("prod"),
-    "ReduceLogSum": reduction("log_sum"),
-    "ReduceLogSumExp": reduction("log_sum_exp"),
-    "ReduceMean": reduction("mean"),
+    "ReduceMax": bool_extremum("max"),
+    "ReduceMin": bool_extremum("min"),
     "Constant": constant,
     "Dropout": dropout_training,
 }

@@ -64,7 +64,7 @@ from . import cost, decisions, hostcpu, patterns, progress, report, settings, su
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
-from .legalize_fixes import legalize_map as fixes_legalize_map
+from .legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
@@ -449,7 +449,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {k: tvm.tirx.IntImm("int64", v)
                                                                     for k, v in bounds.items()})
     rep.dynamic = [str(d) for d in options.dynamic]
-    mod = stage("fold_constant", [FoldConstantMoves, T.FoldConstant()], mod)
+    mod = stage("fold_constant", [FoldConstantMoves, FoldEmptyReductions, T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d, KeepConv1dChains4D], mod)
     if options.qdq:
         qdq_summary: list[QdqSummary] = []

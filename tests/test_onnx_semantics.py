@@ -80,6 +80,17 @@ CASES: dict[str, tuple[Any, dict[str, np.ndarray]]] = {
         _model([helper.make_node("ReduceProd", ["x", "axes"], ["y"], keepdims=0)],
                [("x", I32, [2, 0, 4])], [("y", I32, [2, 4])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
         {"x": np.zeros((2, 0, 4), np.int32)}),
+    # from the legalisation of every reduction (compiler/legalize_fixes.py), not from a Reduce* converter
+    "reduce_log_sum_exp_over_an_empty_axis": (
+        _model([helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=0)],
+               [("x", F, [3, 0])], [("y", F, [3])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
+        {"x": np.zeros((3, 0), np.float32)}),
+    "reduce_mean_and_l2_over_an_empty_axis": (
+        _model([helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+                helper.make_node("ReduceL2", ["x", "axes"], ["l2"], keepdims=1)],
+               [("x", F, [2, 0, 4])], [("m", F, [2, 1, 4]), ("l2", F, [2, 1, 4])],
+               (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
+        {"x": np.zeros((2, 0, 4), np.float32)}),
     "constant_value_ints": (_model([helper.make_node("Constant", [], ["c"], value_ints=[3, 1, 2]),
                                     helper.make_node("Add", ["x", "c"], ["y"])],
                                    [("x", I64, [3])], [("y", I64, [3])]), {}),
@@ -144,3 +155,30 @@ def test_training_dropout_drops_about_the_ratio_and_rescales() -> None:
     assert mask.dtype == np.bool_ and 0.27 < 1 - mask.mean() < 0.33
     np.testing.assert_allclose(y[mask], 1 / 0.7, rtol=1e-6)
     assert (y[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
+def test_every_reduction_over_an_empty_axis_is_its_identity(fusion: bool) -> None:
+    """Reductions that no ONNX Reduce* node wrote (a Relax module: variance, std, sum of int, max of int) over an
+    axis of extent 0 legalise to their identity; TVM's kernels returned uninitialised memory there."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 0, 3), "float32"))
+    i = relax.Var("i", relax.TensorType((0, 4), "int32"))
+    with bb.function("main", [x, i]):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.variance(x, [1])), bb.emit(relax.op.std(x, [1], keepdims=True)),
+                    bb.emit(relax.op.sum(x, [1])), bb.emit(relax.op.sum(i, [0])), bb.emit(relax.op.max(i, [0])),
+                    bb.emit(relax.op.min(x, [1, 2]))]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    got = compile_model(bb.get(), options=CompileOptions(fusion=fusion)).run(
+        {"x": np.zeros((2, 0, 3), np.float32), "i": np.zeros((0, 4), np.int32)})
+    want = [np.full((2, 3), np.nan, np.float32), np.full((2, 1, 3), np.nan, np.float32), np.zeros((2, 3), np.float32),
+            np.zeros(4, np.int32), np.full(4, np.iinfo(np.int32).min, np.int32), np.full(2, np.inf, np.float32)]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert tvm is not None
