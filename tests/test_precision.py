@@ -172,6 +172,16 @@ def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, na
     assert steps and all(s > 0 for s in steps.values())
     verdict = verify_model(str(path))
     assert verdict, verdict.to_dict()
+    # for information: each run against the fp32 model (the activation pairs taken out), ORT's int8 kernels too
+    quant = verdict.quantisation
+    assert quant is not None and quant.pairs_removed >= 2 and quant.summary() in verdict.warnings
+    for name, errs in quant.max_abs.items():
+        assert set(errs) == {"fused", "unfused", "ORT reference", "ORT int8 kernels"}
+        # quantisation moves the outputs (4 calibration draws: conv_bn_relu's output range is clipped, by as much
+        # as its scale), alike in every engine
+        assert all(0 < e <= 1.001 * quant.scale[name] for e in errs.values()), (name, errs, quant.scale[name])
+        assert errs["fused"] < 2 * errs["ORT reference"] + 2 * steps.get(name, 0.0), errs
+    assert verdict.to_dict()["quantisation"]["pairs_removed"] == quant.pairs_removed
     tol = qdq_tolerances(model)
     out = next(iter(steps))
     ref = np.zeros(8, np.float32)

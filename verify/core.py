@@ -24,7 +24,8 @@ from fuseguard.compiler.report import FusionReport
 from fuseguard.compiler.target import cuda_device_present, resolve
 
 from .compare import CompareResult, Tolerance, compare_outputs
-from .precision import check_against_fp64, fp64_reference, is_qdq, loose_tolerances, qdq_tolerances
+from .precision import (check_against_fp64, fp64_reference, is_qdq, loose_tolerances, qdq_tolerances,
+                        quantisation_error)
 from .inputs import load_npz, make_inputs
 
 NO_CUDA_DEVICE = "no CUDA device"
@@ -132,6 +133,8 @@ class ModelVerdict:
     skipped_run: str | None = None
     warnings: list[str] = field(default_factory=list)
     precision: str = "fp32"
+    #: int8 QDQ models: each build's and ONNX Runtime's distance from the fp32 model (information only)
+    quantisation: Any = None        # verify.precision.QuantisationError
 
     @property
     def status(self) -> str:
@@ -152,7 +155,8 @@ class ModelVerdict:
         return {"model": self.model, "target": self.target, "nodes": self.nodes,
                 "input_shapes": {k: list(v) for k, v in self.input_shapes.items()}, "seed": self.seed,
                 "status": self.status, "precision": self.precision, "skipped_run": self.skipped_run, "warnings": list(self.warnings),
-                "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict()}
+                "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict(),
+                "quantisation": self.quantisation.to_dict() if self.quantisation is not None else None}
 
 
 def reference_providers(gpu: bool) -> list[str]:
@@ -273,11 +277,23 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
         else:
             fused.fp64 = check_against_fp64(options.precision, fused_out, unfused_out, gold, engine)
             notes.append(fused.fp64.summary())
+    quant = None
+    if not reduced and fused_out and unfused_out and reference is not None and is_qdq(loaded.model):
+        progress.stage("fp32 model (activation quantisation removed)")
+        try:
+            int8 = run_onnxruntime(loaded.model, inputs, optimize=True, providers=providers)
+            quant = quantisation_error(loaded.model, inputs, {
+                "fused": fused_out, "unfused": unfused_out, "ORT reference": reference, "ORT int8 kernels": int8},
+                lambda m, feeds: run_onnxruntime(m, feeds, providers=providers))
+        except Exception as err:     # information only: say why it is missing, the verdict stands
+            notes.append(f"no fp32-model comparison ({error_line(err)})")
+        if quant is not None:
+            notes.append(quant.summary())
     if spec.is_gpu and not skipped:
         notes.append(f"reference: ONNX Runtime {providers[0].removesuffix('ExecutionProvider')} provider")
     return ModelVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
                         input_shapes=loaded.input_shapes, seed=seed, fused=fused, unfused=unfused,
-                        skipped_run=skipped, warnings=notes, precision=options.precision)
+                        skipped_run=skipped, warnings=notes, precision=options.precision, quantisation=quant)
 
 
 def verify_in_worker(source: str | bytes | SuiteSpec, *, timeout: float | None = None, worker: Any = None,

@@ -303,3 +303,68 @@ def qdq_tolerances(model: onnx.ModelProto) -> dict[str, Tolerance]:
     boundary."""
     return {name: Tolerance(atol=QDQ_STEPS * step * (1 + STEP_SLACK), rtol=0.0)
             for name, step in output_steps(model).items()}
+
+
+def without_activation_quant(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """The model with every activation's QuantizeLinear -> DequantizeLinear pair taken out (the DQ's output is
+    the Q's input again); the weights' DQs (of constants) stay, as their fp32 originals are not in the file.
+    Returns the copy and the number of pairs removed."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    removed = 0
+    for pos, node in enumerate(list(graph.node)):
+        if node.op_type != "DequantizeLinear":
+            continue
+        q = producer.get(node.input[0])
+        if q is None or q.op_type != "QuantizeLinear" or q.input[0] in consts:
+            continue
+        graph.node[pos].CopyFrom(onnx.helper.make_node("Identity", [q.input[0]], [node.output[0]],
+                                                       name=(node.name or node.output[0]) + "/fp32"))
+        removed += 1
+    return out, removed
+
+
+@dataclass
+class QuantisationError:
+    """Information only, for int8 QDQ models: each build and ONNX Runtime's int8 run against the fp32 model
+    (activation quantisation removed, ONNX Runtime), per float output. No verdict depends on it."""
+
+    pairs_removed: int
+    #: output -> {"fused" | "unfused" | "onnxruntime int8": max abs error vs the fp32 model}
+    max_abs: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: output -> max abs value of the fp32 model's output (the scale the errors are read against)
+    scale: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if not self.max_abs:
+            return "vs the fp32 model: no float outputs"
+        name = max(self.max_abs, key=lambda n: self.max_abs[n].get("fused", 0.0) / (self.scale[n] or 1.0))
+        errs = ", ".join(f"{k} {v:.3g}" for k, v in self.max_abs[name].items())
+        return (f"quantisation error vs the fp32 model ({self.pairs_removed} activation Q/DQ pairs removed, "
+                f"information only), max abs on {name} (|fp32| <= {self.scale[name]:.3g}): {errs}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pairs_removed": self.pairs_removed, "max_abs": self.max_abs, "scale": self.scale,
+                "summary": self.summary()}
+
+
+def quantisation_error(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], runs: Mapping[str, Mapping[str, np.ndarray]],
+                       run_onnxruntime: Any) -> QuantisationError | None:
+    """`runs`: {"fused": outputs, "unfused": outputs, "onnxruntime int8": outputs}, each by output name. None when
+    the model has no activation Q/DQ pair to take out."""
+    fp32_model, removed = without_activation_quant(model)
+    if not removed:
+        return None
+    gold = run_onnxruntime(fp32_model, inputs)
+    result = QuantisationError(pairs_removed=removed)
+    for name, g in gold.items():
+        g = np.asarray(g)
+        if not np.issubdtype(g.dtype, np.floating):
+            continue
+        result.scale[name] = float(np.max(np.abs(g))) if g.size else 0.0
+        result.max_abs[name] = {label: float(np.max(np.abs(np.asarray(out[name], np.float64) - g))) if g.size else 0.0
+                                for label, out in runs.items() if name in out}
+    return result
