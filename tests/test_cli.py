@@ -157,7 +157,7 @@ def test_hang_times_out_and_the_run_goes_on() -> None:
 
 def test_bench_json_has_the_documented_keys(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--json", str(out))
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--halfwidth", "0", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(out.read_text()).values()
     for key in ("tvm_fused_ms", "tvm_unfused_ms", "ort_ms", "ort_noopt_ms", "compile_s"):
@@ -167,7 +167,8 @@ def test_bench_json_has_the_documented_keys(tmp_path: Path) -> None:
 
 def test_bench_samples_fresh_processes_and_reports_intervals(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "2", "--json", str(out))
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "2", "--halfwidth", "0", "--json",
+                     str(out))
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(out.read_text()).values()
     assert entry["processes"] == 2
@@ -175,6 +176,34 @@ def test_bench_samples_fresh_processes_and_reports_intervals(tmp_path: Path) -> 
     lo, hi = entry["fused_vs_ort_ci"]
     assert lo <= entry["fused_vs_ort"] <= hi
     assert "95% CI" in proc.stdout
+
+
+def test_bench_adds_processes_while_an_interval_is_wider_than_asked(tmp_path: Path) -> None:
+    """+-0.01% is out of any machine's reach: bench samples up to --max-processes, then says the intervals stayed
+    wide and by how much; --halfwidth 0 keeps exactly --processes (the tests above)."""
+    out = tmp_path / "bench.json"
+    proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "2", "--halfwidth", "0.01",
+                     "--max-processes", "4", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(out.read_text()).values()
+    assert entry["processes"] == 4 and entry["halfwidth_target"] == 0.0001
+    assert "intervals wider than +-0.01% at the process budget (conv_bn_relu" in " ".join(proc.stderr.split())
+    assert "2-4 fresh processes" in " ".join(proc.stdout.split())
+
+
+def test_bench_process_budget_decision() -> None:
+    from fuseguard.verify.bench import BenchResult, halfwidth, needs_more
+
+    assert halfwidth(1.0, (0.98, 1.03)) == pytest.approx(0.03) and halfwidth(1.0, None) == float("inf")
+    r = BenchResult(model="m", threads=2, tvm_fused_ms=1.0, tvm_unfused_ms=1.2, ort_ms=1.0, ort_noopt_ms=1.5,
+                    compile_s=1.0, unfused_compile_s=1.0, fused_iqr_ms=0.0, samples=9, kernels_fused=1,
+                    kernels_unfused=2, processes=3, fused_vs_ort_ci=(0.99, 1.01), fusion_gain_ci=(1.1, 1.3),
+                    fused_vs_ort_est=1.0, fusion_gain_est=1.2, halfwidth_target=0.02)
+    assert r.halfwidth == pytest.approx(0.1 / 1.2) and not r.resolved
+    assert needs_more(r, 0.02, 10) and not needs_more(r, 0.1, 10) and not needs_more(r, None, 10)
+    assert not needs_more(r, 0.02, 3)                  # the budget spent
+    r.processes = 1
+    assert not needs_more(r, 0.02, 10)                 # one process: a bootstrap over rounds, never extended
 
 
 def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:

@@ -60,6 +60,18 @@ class BenchResult:
     per_process_ms: dict[str, list[float]] | None = None
     fused_vs_ort_est: float | None = None
     fusion_gain_est: float | None = None
+    #: the half-width the intervals were sampled for (`--halfwidth`), None when the process count was fixed
+    halfwidth_target: float | None = None
+
+    @property
+    def halfwidth(self) -> float:
+        """The wider relative half-width of the two ratio intervals (inf without intervals)."""
+        return max(halfwidth(self.fused_vs_ort, self.fused_vs_ort_ci), halfwidth(self.fusion_gain, self.fusion_gain_ci))
+
+    @property
+    def resolved(self) -> bool:
+        """Both intervals within the half-width asked for (always True when none was asked)."""
+        return self.halfwidth_target is None or self.halfwidth <= self.halfwidth_target
 
     @property
     def fused_vs_ort(self) -> float:
@@ -175,6 +187,25 @@ def ratio_interval(per_process: Sequence[float], rounds: tuple[Sequence[float], 
     return float(np.exp(r[0])), (float(lo), float(hi))
 
 
+def halfwidth(estimate: float, interval: tuple[float, float] | None) -> float:
+    """Relative half-width of an interval around its estimate: max(hi / est - 1, 1 - lo / est)."""
+    if interval is None or not estimate:
+        return float("inf")
+    lo, hi = interval
+    return max(hi / estimate - 1.0, 1.0 - lo / estimate)
+
+
+#: Fresh processes `bench` adds at most, per model, while an interval is wider than `--halfwidth`: each costs
+#: one load and `--repeats` rounds of the four contenders (~1-5 s for the built-in models).
+MAX_PROCESSES = 10
+
+
+def needs_more(result: BenchResult, target: float | None, max_processes: int) -> bool:
+    """Sample another fresh process? Only with a target, from two processes on (one gives a bootstrap over
+    rounds, which does not see per-process modes), while an interval is wider than the target."""
+    return target is not None and 2 <= result.processes < max_processes and result.halfwidth > target
+
+
 def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int,
               thread_pools: str = "parked") -> BenchResult:
     """One BenchResult from the timing processes' samples (module docstring)."""
@@ -200,6 +231,16 @@ def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int,
 
 def _ci(value: float, ci: tuple[float, float] | None) -> str:
     return f"{value:.2f}x" if ci is None else f"{value:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def unresolved_note(results: Sequence[BenchResult]) -> str:
+    """One line naming the models whose intervals stayed wider than the target, or ''."""
+    wide = [f"{r.model} +-{100 * r.halfwidth:.1f}% after {r.processes}" for r in results if not r.resolved]
+    if not wide:
+        return ""
+    target = next(r.halfwidth_target for r in results if not r.resolved)
+    return (f"fuseguard bench: intervals wider than +-{100 * target:g}% at the process budget ({'; '.join(wide)}): "
+            f"a difference smaller than that is inside this machine's noise here")
 
 
 def render(results: Sequence[BenchResult], title: str):

@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "manifest.json (one model: DIR itself; several: DIR/<model>/...)")
     cp.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
 
+    from .options import percentage, positive_int
     from .timing import THREAD_POOLS
 
     b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
@@ -84,9 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
     b.add_argument("--repeats", type=int, default=7, help="timed runs per contender and process after warm-up "
                                                          "(default 7)")
-    b.add_argument("--processes", type=int, default=3, metavar="N",
+    b.add_argument("--processes", type=positive_int, default=3, metavar="N",
                    help="fresh timing processes, each loading the exported builds (default 3; ratios get a "
                         "95%% interval over them)")
+    b.add_argument("--halfwidth", type=percentage, default=2.0, metavar="PCT",
+                   help="add fresh processes (up to --max-processes) while a ratio's 95%% interval is wider than "
+                        "+-PCT%% (default 2; 0 turns it off: exactly --processes)")
+    b.add_argument("--max-processes", type=positive_int, default=None, metavar="N",
+                   help="fresh processes per model at most while sampling for --halfwidth (default 10)")
     b.add_argument("--thread-pools", choices=THREAD_POOLS, default="parked",
                    help="parked (default): spin-waiting off in both runtimes, so neither steals the other's "
                         "cores; deployed: each runtime's default spinning, every contender timed after the "
@@ -109,8 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--baseline-dir", default=None, metavar="DIR", help="default: the repo's baselines/")
     bl.add_argument("--pytest-benchmark", default=None, metavar="FILE", help="for import/export")
     bl.add_argument("--plot", default=None, metavar="FILE", help="history: write the trend as PNG or HTML")
-    from .options import positive_int
-
     bl.add_argument("--processes", type=positive_int, default=None, metavar="N",
                     help="update/check: fresh processes to measure in, each normalised by its own ONNX Runtime "
                          "run, pooled (default 3; more when the gate is unsure)")
@@ -518,9 +522,12 @@ def _bench(args: argparse.Namespace) -> int:
     results, worst = [], EXIT_OK
     import tempfile
 
-    from .bench import aggregate
+    from .bench import MAX_PROCESSES, aggregate, needs_more, unresolved_note
 
     from .progress import Progress
+
+    target = args.halfwidth / 100 if args.halfwidth else None
+    most = max(args.max_processes or MAX_PROCESSES, args.processes)
 
     sources = _sources(args)
     with Progress(len(sources)) as progress, \
@@ -534,14 +541,21 @@ def _bench(args: argparse.Namespace) -> int:
                 meta = worker.call("fuseguard.verify.bench:prepare_bench", what=f"compiling {label} for bench",
                                    timeout=args.timeout, source=source, directory=directory,
                                    shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
-                runs = []
-                for p in range(args.processes):     # fresh processes: per-process speed modes show
-                    progress.stage(f"timing, fresh process {p + 1} of {args.processes}")
+                runs: list = []
+                result = None
+                # fresh processes (per-process speed modes show), more while an interval is wider than asked
+                while result is None or needs_more(result, target, most):
+                    progress.stage(f"timing, fresh process {len(runs) + 1}"
+                                   + (f" of {args.processes}" if len(runs) < args.processes else
+                                      f" (interval +-{100 * result.halfwidth:.1f}%, asked +-{100 * target:g}%)"))
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
-                        runs.append(timer.call("fuseguard.verify.bench:time_prepared", what=f"timing {label} ({p + 1})",
-                                               timeout=args.timeout, directory=directory, threads=threads,
-                                               repeats=args.repeats, thread_pools=args.thread_pools))
-                result = aggregate(meta, runs, threads, args.thread_pools)
+                        runs.append(timer.call("fuseguard.verify.bench:time_prepared",
+                                               what=f"timing {label} ({len(runs) + 1})", timeout=args.timeout,
+                                               directory=directory, threads=threads, repeats=args.repeats,
+                                               thread_pools=args.thread_pools))
+                    if len(runs) >= args.processes:
+                        result = aggregate(meta, runs, threads, args.thread_pools)
+                        result.halfwidth_target = target
             except FuseguardError as err:
                 print(f"fuseguard: error: {err}", file=sys.stderr)
                 worst = max(worst, err.exit_code)
@@ -553,10 +567,16 @@ def _bench(args: argparse.Namespace) -> int:
             results.append(result)
             progress.done(label, f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} ms, "
                                  f"ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)")
-    console.print(render(results, f"fuseguard bench ({threads} threads, {args.processes} fresh process(es) x "
+    sampled = (f"{args.processes}-{most} fresh processes (more while a ratio's interval is wider than "
+               f"+-{args.halfwidth:g}%)" if target is not None and most > args.processes
+               else f"{args.processes} fresh process(es)")
+    console.print(render(results, f"fuseguard bench ({threads} threads, {sampled} x "
                                   f">= {args.repeats} interleaved rounds after warm-up, thread pools "
                                   f"{args.thread_pools}; "
                                   f"cpu {settings.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
+    note = unresolved_note(results)
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         from .atomic import atomic_write_json
 

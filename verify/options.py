@@ -145,6 +145,11 @@ def positive_int(text: str) -> int:
 _draws = positive_int
 
 
+def percentage(text: str) -> float:
+    """A share in percent: a number in [0, 100)."""
+    return _number(text, lambda v: 0 <= v < 100, "a percentage in [0, 100)")
+
+
 def add_compare_options(addoption: AddOption, prefix: str = "") -> None:
     """Which inputs, and how close is close enough."""
     _add(addoption, prefix, "inputs", default=None, metavar="FILE.npz",
