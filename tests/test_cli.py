@@ -206,6 +206,43 @@ def test_bench_process_budget_decision() -> None:
     assert not needs_more(r, 0.02, 10)                 # one process: a bootstrap over rounds, never extended
 
 
+def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every build first, then one fresh timing process of each model per round (a host phase of seconds lands on
+    one process of several models, where each interval sees it); only the models still wider than --halfwidth
+    get more rounds. A stand-in worker records the calls."""
+    import fuseguard.verify.worker as worker_mod
+    from fuseguard.verify import cli
+
+    calls: list[tuple[str, str]] = []
+    spread = {"conv_bn_relu": 0.5, "mlp_gelu": 0.0}      # mlp_gelu's processes agree: resolved after 2
+
+    class FakeWorker:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def call(self, fn: str, *, what: str, directory: str, **kwargs):
+            model = what.split(" ")[1]
+            calls.append((fn.rsplit(":", 1)[1], model))
+            if fn.endswith("prepare_bench"):
+                return {"model": model, "fused": {"compile_s": 0.1, "kernels": 1},
+                        "unfused": {"compile_s": 0.1, "kernels": 2}}
+            k = sum(1 for c in calls if c == ("time_prepared", model))
+            f = 1.0 + spread[model.split("[")[0]] * (k % 2)
+            return {"tvm_fused": [f] * 3, "tvm_unfused": [1.2] * 3, "ort": [1.0] * 3, "ort_noopt": [1.5] * 3}
+
+    monkeypatch.setattr(worker_mod, "Worker", FakeWorker)
+    assert cli.main(["bench", "conv_bn_relu", "mlp_gelu", "--processes", "2", "--max-processes", "4"]) == 0
+    timing = [m.split("[")[0] for fn, m in calls if fn == "time_prepared"]
+    assert [fn for fn, _ in calls[:2]] == ["prepare_bench", "prepare_bench"]
+    assert timing == ["conv_bn_relu", "mlp_gelu", "conv_bn_relu", "mlp_gelu", "conv_bn_relu", "conv_bn_relu"]
+
+
 def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "1", "--thread-pools", "deployed",

@@ -529,44 +529,69 @@ def _bench(args: argparse.Namespace) -> int:
     target = args.halfwidth / 100 if args.halfwidth else None
     most = max(args.max_processes or MAX_PROCESSES, args.processes)
 
+    import time
+
     sources = _sources(args)
+    labels = [source.label if isinstance(source, SuiteSpec) else str(source) for source in sources]
+
+    def failed(label: str, err: Exception) -> None:
+        nonlocal worst
+        if isinstance(err, FuseguardError):
+            print(f"fuseguard: error: {err}", file=sys.stderr)
+            worst = max(worst, err.exit_code)
+        else:
+            print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
+            worst = max(worst, EXIT_MISMATCH)
+
     with Progress(len(sources)) as progress, \
             Worker(sys_path=[str(Path.cwd())], env={**env, **progress.env}, forward_output=args.debug) as worker, \
             tempfile.TemporaryDirectory(prefix="fuseguard-bench-") as tmp:
-        for i, source in enumerate(sources):
-            label = source.label if isinstance(source, SuiteSpec) else str(source)
-            progress.start(i + 1, label)
-            directory = str(Path(tmp) / str(i))
+        metas: dict[int, dict] = {}
+        for i, source in enumerate(sources):      # every build first: the timing below never waits on a compile
+            progress.start(i + 1, labels[i])
             try:
-                meta = worker.call("fuseguard.verify.bench:prepare_bench", what=f"compiling {label} for bench",
-                                   timeout=args.timeout, source=source, directory=directory,
-                                   shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
-                runs: list = []
-                result = None
-                # fresh processes (per-process speed modes show), more while an interval is wider than asked
-                while result is None or needs_more(result, target, most):
-                    progress.stage(f"timing, fresh process {len(runs) + 1}"
-                                   + (f" of {args.processes}" if len(runs) < args.processes else
-                                      f" (interval +-{100 * result.halfwidth:.1f}%, asked +-{100 * target:g}%)"))
+                metas[i] = worker.call("fuseguard.verify.bench:prepare_bench",
+                                       what=f"compiling {labels[i]} for bench", timeout=args.timeout, source=source,
+                                       directory=str(Path(tmp) / str(i)),
+                                       shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
+            except (FuseguardError, WorkerFailure, WorkerTaskError) as err:
+                failed(labels[i], err)
+        # Fresh processes round-robin over the models (one process of each, then the next round), so that a phase
+        # of the host lasting seconds lands on one process of several models, where each model's between-process
+        # interval sees it, not on all of one model's processes: back to back, SqueezeNet's three runs of this
+        # command disagreed by 4% beyond their intervals (docs/measurement.md). Rounds go on for the models whose
+        # interval is still wider than --halfwidth.
+        runs: dict[int, list] = {i: [] for i in metas}
+        done: dict[int, object] = {}
+        seconds = dict.fromkeys(metas, 0.0)
+        while len(done) < len(metas):
+            for i in [i for i in metas if i not in done]:
+                progress.start(i + 1, labels[i])
+                have = len(runs[i])
+                progress.stage(f"timing, fresh process {have + 1}" + (f" of {args.processes}" if have < args.processes
+                                                                         else " (interval wider than asked)"))
+                t0 = time.perf_counter()
+                try:
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
-                        runs.append(timer.call("fuseguard.verify.bench:time_prepared",
-                                               what=f"timing {label} ({len(runs) + 1})", timeout=args.timeout,
-                                               directory=directory, threads=threads, repeats=args.repeats,
-                                               thread_pools=args.thread_pools))
-                    if len(runs) >= args.processes:
-                        result = aggregate(meta, runs, threads, args.thread_pools)
-                        result.halfwidth_target = target
-            except FuseguardError as err:
-                print(f"fuseguard: error: {err}", file=sys.stderr)
-                worst = max(worst, err.exit_code)
-                continue
-            except (WorkerFailure, WorkerTaskError) as err:
-                print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)
-                worst = max(worst, EXIT_MISMATCH)
-                continue
-            results.append(result)
-            progress.done(label, f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} ms, "
-                                 f"ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)")
+                        runs[i].append(timer.call("fuseguard.verify.bench:time_prepared",
+                                                  what=f"timing {labels[i]} ({have + 1})", timeout=args.timeout,
+                                                  directory=str(Path(tmp) / str(i)), threads=threads,
+                                                  repeats=args.repeats, thread_pools=args.thread_pools))
+                except (FuseguardError, WorkerFailure, WorkerTaskError) as err:
+                    failed(labels[i], err)
+                    done[i] = None
+                    continue
+                seconds[i] += time.perf_counter() - t0
+                if len(runs[i]) < args.processes:
+                    continue
+                result = aggregate(metas[i], runs[i], threads, args.thread_pools)
+                result.halfwidth_target = target
+                if not needs_more(result, target, most):
+                    done[i] = result
+                    progress.done(labels[i], f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} "
+                                             f"ms, ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)",
+                                  f"{result.processes} processes, {seconds[i]:.0f} s of timing")
+        results = [done[i] for i in sorted(done) if done[i] is not None]
     sampled = (f"{args.processes}-{most} fresh processes (more while a ratio's interval is wider than "
                f"+-{args.halfwidth:g}%)" if target is not None and most > args.processes
                else f"{args.processes} fresh process(es)")
