@@ -487,6 +487,38 @@ def test_approximation_stays_vectorised(op_name: str, target: tvm.target.Target)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+def _scalarised(func: tirx.PrimFunc, target: tvm.target.Target) -> bool:
+    """Did TVM's VectorizeLoop fall back to a scalar loop (its `<var>_s` loops) anywhere in `func`? Lowered with
+    the steps of TVM's default TIR pipeline up to and including VectorizeLoop."""
+    import re
+
+    from tvm import s_tir
+
+    mod = tvm.IRModule({"f": func.with_attr("global_symbol", "f").with_attr("target", target)})
+    steps = tvm.transform.Sequential([
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(), s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.CompactBufferAllocation(), s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
+        s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
+        s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(True)])
+    with target:
+        return re.search(r"for \w+_s in range", steps(mod).script()) is not None
+
+
+@pytest.mark.parametrize("name", ["mlp_gelu", "mlp_gelu_tanh", "pattern_conv_silu", "softmax_layernorm", "attention"])
+def test_no_suite_kernel_falls_back_to_scalar_code(name: str, target: tvm.target.Target) -> None:
+    """Every loop a schedule vectorises stays vector through TVM's lowering, fused and unfused: one op TVM does not
+    know to be vectorisable (`isnan` in the fast-math epilogues was one) turns a whole loop scalar, silently."""
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
+    from fuseguard.suites.models import get_model
+
+    for fusion in (True, False):
+        built = compile_model(get_model(name).make(), None, CompileOptions(fusion=fusion))
+        scalar = [gv.name_hint for gv, f in built.lowered.functions.items()
+                  if isinstance(f, tirx.PrimFunc) and _scalarised(f, target)]
+        assert not scalar, (fusion, scalar)
+
+
 # --- host detection -----------------------------------------------------------------------------
 
 ZEN1_EPYC = """processor\t: 0
