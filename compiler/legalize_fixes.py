@@ -18,24 +18,19 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
+from .passes import each_relax_function, static_dims, tensor_dtype
+
 #: a reduction of no elements: its identity (float types; integers and bool in `_empty_value`)
 _EMPTY = {"relax.sum": 0.0, "relax.prod": 1.0, "relax.max": -np.inf, "relax.min": np.inf, "relax.mean": np.nan,
           "relax.variance": np.nan, "relax.std": np.nan}
 _DEFAULTS = {op: tvm.ir.Op.get(op).get_attr("FLegalize") for op in _EMPTY}
 
 
-def _static_dims(ty: object) -> list[int] | None:
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in ty.shape.values]
-    return None if None in dims else dims
-
-
 def _empty_value(op: str, dtype: str) -> float | int | bool | None:
     """What `op` over no elements is in `dtype`, or None when TVM's own answer stands (an integer mean)."""
     value = _EMPTY[op]
-    if dtype == "bool":
-        return op in ("relax.min", "relax.prod") if op in ("relax.max", "relax.min", "relax.prod", "relax.sum") else None
+    if dtype == "bool":           # any / all, and the sum and product of no bools
+        return {"relax.max": False, "relax.sum": False, "relax.min": True, "relax.prod": True}.get(op)
     if dtype.startswith(("float", "bfloat")):
         return value
     if np.isnan(value):
@@ -48,15 +43,14 @@ def _empty_value(op: str, dtype: str) -> float | int | bool | None:
 
 def _legalize_empty(bb: relax.BlockBuilder | None, call: relax.Call) -> relax.Expr | None:
     """A reduction over a reduced axis of static extent 0, as its identity; None when it is not one."""
-    ty = call.args[0].ty
-    dims = _static_dims(ty)
-    if dims is None or not dims:
+    dims = static_dims(call.args[0])
+    if not dims:
         return None
     ndim = len(dims)
     axes = {int(a) % ndim for a in call.attrs.axis} if call.attrs.axis is not None else set(range(ndim))
     if not any(dims[a] == 0 for a in axes):
         return None
-    dtype = str(ty.dtype)
+    dtype = tensor_dtype(call.args[0])
     value = _empty_value(call.op.name, dtype)
     if value is None:
         return None
@@ -129,8 +123,6 @@ def FoldEmptyReductions(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tv
     """The same identities before FoldConstant: a reduction of a zero-size constant (an importer turns a 0-size
     input into one) is folded there with TVM's own legalisation, which divides by the extent 0 for a mean
     ("Divide by zero") and fails the build."""
-    from .passes import each_relax_function
-
     return each_relax_function(mod, _EmptyReductionFolder(mod).visit_expr)
 
 

@@ -279,14 +279,20 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
-def output_steps(model: onnx.ModelProto) -> dict[str, float]:
-    """Graph output -> the quantisation step (largest scale) of the DequantizeLinear it reads, through
-    value-preserving ops only; outputs computed in float after the last dequantize are left out."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and Constant-node tensors by name."""
     consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return consts
+
+
+def output_steps(model: onnx.ModelProto) -> dict[str, float]:
+    """Graph output -> the quantisation step (largest scale) of the DequantizeLinear it reads, through
+    value-preserving ops only; outputs computed in float after the last dequantize are left out."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consts = _constants(model)
     steps: dict[str, float] = {}
     for out in model.graph.output:
         node = producer.get(out.name)
@@ -312,7 +318,7 @@ def without_activation_quant(model: onnx.ModelProto) -> tuple[onnx.ModelProto, i
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    consts = _constants(model)
     producer = {o: n for n in graph.node for o in n.output}
     removed = 0
     for pos, node in enumerate(list(graph.node)):
