@@ -260,8 +260,11 @@ def host_from_target(target: tvm.target.Target) -> HostCPU:
             from tvm.target import codegen
 
             # llvm_get_vector_width reports 512 for every x86 CPU here; ask for the features instead.
-            for feat in ("avx512f", "avx2", "fma", "avx"):
-                if codegen.llvm_cpu_has_features(feat, target):
+            # (cpuinfo's name, LLVM's): the VNNI ones decide the int8 kernels (schedule/cpu_matmul_int8.py)
+            for feat, llvm_feat in (("avx512f", "avx512f"), ("avx2", "avx2"), ("fma", "fma"), ("avx", "avx"),
+                                    ("avx512vl", "avx512vl"), ("avx512_vnni", "avx512vnni"),
+                                    ("avx_vnni", "avxvnni")):
+                if codegen.llvm_cpu_has_features(llvm_feat, target):
                     features.add(feat)
                 else:
                     features.discard(feat)

@@ -1,6 +1,9 @@
 """The whole compiler pipeline, in order, in one place.
 
     import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
+    0b integer_matmuls             int8 QDQ, CPUs with VNNI: MatMul(DQ(Q(x)), DQ(int8 W)) as a u8 x s8 -> int32
+                                    GEMM between a quantize and a dequantize, W kept int8 (compiler/int8_gemm.py;
+                                    kernel: compiler/schedule/cpu_matmul_int8.py)                  [int8_kernels]
     1  FoldConstantMoves, FoldConstant   reshapes/transposes of weights in numpy, then materialise weights built
                                     by ConstantOfShape/Expand/...
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
@@ -68,6 +71,8 @@ from .legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
 from .onnx_loader import LoadedModel, error_line, load
+from .int8_gemm import integer_matmuls
+from .schedule.cpu_matmul_int8 import supported as int8_supported
 from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
 from .precision import check as precision_check, dtype_census, to_precision
 from .passes import Conv1dAsConv2d, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
@@ -127,6 +132,8 @@ class CompileOptions:
     channel_padding: bool = True
     #: int8 QDQ models: Quantize->Dequantize pairs as fp32 elementwise ops on the integer grid (compiler/qdq.py)
     qdq: bool = True
+    #: int8 QDQ models on CPUs with VNNI: MatMuls on int8 weights as integer GEMMs (compiler/int8_gemm.py)
+    int8_kernels: bool = True
 
     def __post_init__(self) -> None:
         precision_check(self.precision)
@@ -449,6 +456,18 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {k: tvm.tirx.IntImm("int64", v)
                                                                     for k, v in bounds.items()})
     rep.dynamic = [str(d) for d in options.dynamic]
+    int8_matmuls = int8_quantizes = 0
+    lanes = int8_supported(target) if options.qdq and options.int8_kernels and not spec.is_gpu else 0
+    if lanes:
+        found: list[int] = []
+
+        def _int8(m: tvm.IRModule, _ctx: object) -> tvm.IRModule:
+            out, matmuls, quantizes = integer_matmuls(m, lanes)
+            found[:] = [matmuls, quantizes]
+            return out
+
+        mod = stage("int8_kernels", [tvm.transform.module_pass(_int8, opt_level=0, name="IntegerMatmuls")], mod)
+        int8_matmuls, int8_quantizes = found
     mod = stage("fold_constant", [FoldConstantMoves, FoldEmptyReductions, T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d, KeepConv1dChains4D], mod)
     if options.qdq:
@@ -456,7 +475,9 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
 
         def _fold_qdq(m: tvm.IRModule, _ctx: object) -> tvm.IRModule:
             out, summary = fold_fake_quant(m)
-            qdq_summary.append(summary)
+            qdq_summary.append(replace(summary, int8_matmuls=int8_matmuls,
+                                       quantize_left=summary.quantize_left - int8_quantizes,
+                                       dequantize_left=summary.dequantize_left - int8_matmuls))
             return out
 
         mod = stage("qdq", [tvm.transform.module_pass(_fold_qdq, opt_level=0, name="FoldFakeQuant")], mod)

@@ -38,13 +38,15 @@ class QdqSummary:
     pairs: int = 0           # Q -> DQ pairs written as fp32 arithmetic
     quantize_left: int = 0   # relax.quantize calls left (their int8 tensor leaves the model or is read as int8)
     dequantize_left: int = 0
+    int8_matmuls: int = 0    # MatMuls on integer kernels (compiler/int8_gemm.py); their own Q and DQ not counted above
 
     def line(self) -> str:
-        if not (self.pairs or self.quantize_left or self.dequantize_left):
+        if not (self.pairs or self.quantize_left or self.dequantize_left or self.int8_matmuls):
             return ""
         left = (f"; left as ops: {self.quantize_left} quantize, {self.dequantize_left} dequantize"
                 if self.quantize_left or self.dequantize_left else "")
-        return f"int8 QDQ: {self.pairs} Q->DQ pair(s) computed in fp32 on the integer grid (exact){left}"
+        ints = f"; {self.int8_matmuls} MatMul(s) on int8 kernels (u8 x s8 -> int32, VNNI)" if self.int8_matmuls else ""
+        return f"int8 QDQ: {self.pairs} Q->DQ pair(s) computed in fp32 on the integer grid (exact){ints}{left}"
 
 
 def _qparam(expr: relax.Expr, axis: int, rank: int) -> relax.Expr | None:

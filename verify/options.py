@@ -88,6 +88,9 @@ def add_build_options(addoption: AddOption, prefix: str = "", *, timeout: float 
     _add(addoption, prefix, "no-qdq-fold", action="store_true", default=False,
          help="int8 QDQ models: keep each Quantize->Dequantize pair as two kernels instead of exact fp32 "
               "arithmetic fused into its producer (compiler/qdq.py)")
+    _add(addoption, prefix, "no-int8-kernels", action="store_true", default=False,
+         help="int8 QDQ models: compute MatMuls on int8 weights in fp32 on the dequantised grid instead of "
+              "integer GEMMs on VNNI (compiler/int8_gemm.py)")
     _add(addoption, prefix, "precision", choices=("fp32", "fp16", "bf16"), default="fp32",
          help="compute GEMM/conv operands in fp16 or bf16, accumulated in fp32 (fused and unfused alike); "
               "each build is then also compared with an fp64 run (default fp32)")
@@ -178,7 +181,8 @@ def compile_options(get: Callable[[str], Any]) -> Any:
     return CompileOptions(gpu_arch=get("gpu-arch"), mcpu=get("mcpu"), fusion=not get("no-fusion"),
                           disabled_patterns=frozenset(get("disable-pattern") or ()),
                           schedule=not get("no-schedule"), layout=not get("no-layout"),
-                          channel_padding=not get("no-channel-padding"), qdq=not get("no-qdq-fold"), precision=get("precision") or "fp32",
+                          channel_padding=not get("no-channel-padding"), qdq=not get("no-qdq-fold"),
+                          int8_kernels=not get("no-int8-kernels"), precision=get("precision") or "fp32",
                           dynamic=parse_dynamic([str(d) for group in (get("dynamic") or ()) for d in group]))
 
 

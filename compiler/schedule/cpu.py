@@ -30,8 +30,13 @@ from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
 from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, rows_padded, schedule_matmul
-from .packing import pack_array
+from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
+from .packing import pack
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
+
+#: how a constant weight is re-laid out for a kernel: (parameter, output-column dim, columns a panel) for
+#: the fp32 panels, with a fourth entry, the K step, for the VNNI layout (compiler/schedule/packing.py)
+PackPlan = tuple[int, ...]
 
 SCHEDULE_ATTR = "fuseguard.cpu_schedule"
 # Functions doing less work than this (summed block iteration counts) run single-threaded: a parallel
@@ -144,7 +149,7 @@ def schedule_cpu_module_with_report(
         threads = 1
     call_sites = _collect_call_sites(mod)
     updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
-    packs: dict[tvm.ir.GlobalVar, tuple[int, int, int]] = {}  # gv -> (param, j_dim, nr)
+    packs: dict[tvm.ir.GlobalVar, PackPlan] = {}  # gv -> (param, j_dim, nr[, k_step])
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -288,7 +293,7 @@ def _schedule_one(
     opts: CpuScheduleOptions,
     threads: int,
     sites: list[relax.Call],
-) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
+) -> tuple[tirx.PrimFunc, str, PackPlan | None] | None:
     """Try the rules in order on fresh copies of ``func``; first success wins."""
     sch0 = s_tir.Schedule(func)
     blocks = root_blocks(sch0)
@@ -298,6 +303,9 @@ def _schedule_one(
     has_red = any(is_reduction(b) for b in kinds)
 
     if opts.matmul and has_red:
+        res = _try_matmul_int8(func, host, threads, sites)
+        if res is not None:
+            return res
         res = _try_matmul(func, host, opts, threads, sites)
         if res is not None:
             return res
@@ -352,13 +360,34 @@ def _recomputes(before: tirx.PrimFunc, after: tirx.PrimFunc, slack: float = 1.5)
     return a is not None and b is not None and b > slack * a
 
 
+def _try_matmul_int8(func: tirx.PrimFunc, host: HostCPU, threads: int,
+                     sites: list[relax.Call]) -> tuple[tirx.PrimFunc, str, PackPlan] | None:
+    """The integer matmuls of QDQ models (compiler/int8_gemm.py) on the VNNI tile; B must be a constant
+    (it is packed at compile time). Anything else falls through to the generic rules."""
+    sch = s_tir.Schedule(func)
+    infos = [i for i in (match_int8_matmul(sch, b) for b in root_blocks(sch)) if i is not None]
+    if len(infos) != 1:
+        return None
+    info = infos[0]
+    tiles = choose_int8_tiles(info, host)
+    if tiles is None or not _constant_param(func, info.b_buffer, sites):
+        return None
+    try:
+        if not schedule_matmul_int8(sch, info, tiles, parallel=threads > 1):
+            return None
+    except Exception:  # noqa: BLE001 - a form tensorize or the epilogue does not take: the generic rules
+        return None
+    param = next(p for p, v in enumerate(func.params) if v.same_as(info.b_buffer))
+    return sch.mod["main"], "matmul-int8+vnni", (param, info.b_indices.index(info.j_iter), tiles.lanes, K_STEP)
+
+
 def _try_matmul(
     func: tirx.PrimFunc,
     host: HostCPU,
     opts: CpuScheduleOptions,
     threads: int,
     sites: list[relax.Call],
-) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
+) -> tuple[tirx.PrimFunc, str, PackPlan | None] | None:
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
@@ -439,7 +468,7 @@ def _try_conv(
     opts: CpuScheduleOptions,
     threads: int,
     sites: list[relax.Call],
-) -> tuple[tirx.PrimFunc, str, tuple[int, int, int] | None] | None:
+) -> tuple[tirx.PrimFunc, str, PackPlan | None] | None:
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_conv2d(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:
@@ -490,7 +519,7 @@ def _pack_plan(
     j_extent: int | None,
     host: HostCPU,
     sites: list[relax.Call],
-) -> tuple[int, int, int] | None:
+) -> PackPlan | None:
     """Pack a weight when it is a parameter fed by a Relax constant at every call site and splits evenly."""
     if j_extent is None or nr < 4 or j_extent % nr or not _constant_param(func, buffer_var, sites):
         return None
@@ -538,7 +567,7 @@ def _collect_call_sites(mod: tvm.IRModule) -> dict[tvm.ir.GlobalVar, list[relax.
 
 
 def _repack_constants(
-    mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[tirx.PrimFunc, tuple[int, int, int]]]
+    mod: tvm.IRModule, packs: dict[tvm.ir.GlobalVar, tuple[tirx.PrimFunc, PackPlan]]
 ) -> tvm.IRModule:
     """Install re-laid-out PrimFuncs and feed each call site the panel-major copy of its constant.
 
@@ -547,7 +576,7 @@ def _repack_constants(
     """
     rest = tvm.IRModule({g: f for g, f in mod.functions_items() if g not in packs}, attrs=mod.attrs)
     bb = relax.BlockBuilder(rest)
-    plan_by_name: dict[str, tuple[tvm.ir.GlobalVar, tuple[int, int, int]]] = {}
+    plan_by_name: dict[str, tuple[tvm.ir.GlobalVar, PackPlan]] = {}
     for old_gv, (func, plan) in packs.items():
         plan_by_name[old_gv.name_hint] = (bb.add_func(func, old_gv.name_hint), plan)
     staged = bb.get()
@@ -561,9 +590,10 @@ def _repack_constants(
             entry = plan_by_name.get(call.args[0].name_hint)
             if entry is None:
                 return call
-            new_gv, (idx, j_dim, nr) = entry
+            new_gv, plan = entry
+            idx = plan[0]
             fields = list(call.args[1].fields)
-            packed = pack_array(fields[idx].value.numpy(), j_dim, nr)
+            packed = pack(fields[idx].value.numpy(), plan)
             fields[idx] = relax.const(packed, str(packed.dtype))
             return relax.Call(call.op, [new_gv, relax.Tuple(fields), *call.args[2:]], call.attrs, call.ty_args)
 

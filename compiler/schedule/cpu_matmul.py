@@ -40,15 +40,16 @@ class MatmulInfo:
     k: int | None
 
 
-def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV) -> MatmulInfo | None:
-    """Recognise ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` (any operand dim order, one reduction)."""
+def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV, *, integer: bool = False) -> MatmulInfo | None:
+    """Recognise ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` (any operand dim order, one reduction); with
+    ``integer``, the int32 form ``C += int32(A) * int32(B)`` of 8-bit operands instead of a float one."""
     block = sch.get(block_rv)
     ivs = list(block.iter_vars)
     red = [p for p, iv in enumerate(ivs) if iv.iter_type == REDUCE]
     if len(red) != 1 or block.init is None or not isinstance(block.body, tirx.BufferStore):
         return None
     store = block.body
-    if store.buffer.dtype not in ("float32", "float64"):
+    if store.buffer.dtype not in (("int32",) if integer else ("float32", "float64")):
         return None
     val = store.value
     if not isinstance(val, tirx.Add):
@@ -58,7 +59,8 @@ def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV) -> MatmulInfo | None:
         lhs, rhs = rhs, lhs
     if not (isinstance(lhs, BufferLoad) and lhs.source.same_as(store.buffer) and isinstance(rhs, tirx.Mul)):
         return None
-    a, b = widened_load(rhs.a), widened_load(rhs.b)
+    unwrap = _int8_load if integer else widened_load
+    a, b = unwrap(rhs.a), unwrap(rhs.b)
     if not (isinstance(a, BufferLoad) and isinstance(b, BufferLoad)):
         return None
     var_pos = {iv.var: p for p, iv in enumerate(ivs)}
@@ -97,6 +99,14 @@ def match_matmul(sch: s_tir.Schedule, block_rv: SBlockRV) -> MatmulInfo | None:
         n=ext[var_pos[j_var]],
         k=ext[red[0]],
     )
+
+
+def _int8_load(expr: object) -> object:
+    """The 8-bit load under an int32 cast (an integer matmul's operand), else `expr`."""
+    if isinstance(expr, tirx.Cast) and isinstance(expr.value, BufferLoad) \
+            and str(expr.value.source.dtype) in ("int8", "uint8") and str(expr.ty.dtype) == "int32":
+        return expr.value
+    return expr
 
 
 #: Fewest rows a matmul's row iterator must have to stay the tile's row; below it a batch iterator that the

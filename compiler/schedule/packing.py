@@ -39,3 +39,20 @@ def pack_array(arr: np.ndarray, j_dim: int, nr: int) -> np.ndarray:
     ndim = split.ndim
     order = [j_dim] + [d for d in range(ndim) if d not in (j_dim, j_dim + 1)] + [j_dim + 1]
     return np.ascontiguousarray(split.transpose(order))
+
+
+def pack_vnni(arr: np.ndarray, j_dim: int, lanes: int, k_step: int = 4) -> np.ndarray:
+    """Numpy twin of `cpu_matmul_int8.vnni_index_map`: a 2-D int8 ``[K, N]`` (or ``[N, K]``, ``j_dim`` 0) ->
+    ``[N / lanes, K / k_step, lanes, k_step]``."""
+    kn = arr if j_dim == 1 else arr.T
+    k, n = kn.shape
+    if n % lanes or k % k_step:
+        raise ValueError(f"{arr.shape} does not split into {lanes}-column, {k_step}-row steps")
+    return np.ascontiguousarray(kn.reshape(k // k_step, k_step, n // lanes, lanes).transpose(2, 0, 3, 1))
+
+
+def pack(arr: np.ndarray, plan: tuple[int, ...]) -> np.ndarray:
+    """A constant re-laid out by a schedule's plan ``(param, j_dim, nr[, k_step])``: panels (`pack_array`),
+    or VNNI steps when the plan has a k_step (`pack_vnni`)."""
+    _, j_dim, nr, *k_step = plan
+    return pack_vnni(arr, j_dim, nr, k_step[0]) if k_step else pack_array(arr, j_dim, nr)
