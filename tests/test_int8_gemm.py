@@ -145,11 +145,15 @@ def test_vnni_detected_from_the_target_and_the_kernel_compiles_for_it(mcpu: str,
 def test_a_quantised_transformer_runs_its_matmuls_on_int8(tmp_path: Path) -> None:
     """ORT's quantiser on the built-in BERT encoder: every projection and MLP MatMul on the integer kernel (the
     two attention MatMuls read two activations, no int8 weight: fp32), and the model verifies fused and
-    unfused within the QDQ tolerance."""
+    unfused. Input draw 19 puts one of 24576 outputs three steps from ONNX Runtime's reference (a rounding
+    boundary inside; Sapphire Rapids): it passes by the boundary-flip rule, with a note, not by a looser
+    tolerance."""
     from fuseguard.verify.core import verify_model
 
     path = _quantised(tmp_path, "bert_encoder")
     built = compile_model(load(str(path), None, name="bert_int8"))
     assert "6 MatMul(s) on int8 kernels" in built.report.qdq, built.report.qdq
-    verdict = verify_model(str(path))
+    verdict = verify_model(str(path), seed=19)
     assert verdict, verdict.to_dict()
+    flips = [w for w in verdict.warnings if "rounding-boundary flips" in w]
+    assert all("elements beyond the tolerance" in w for w in flips)

@@ -81,3 +81,33 @@ def test_pairs_fuse_into_the_conv_and_keep_its_layout(tmp_path: Path) -> None:
     off = compile_model(load(str(path), None, name="int8"), options=CompileOptions(qdq=False))
     assert off.report.qdq == "" and any("quantize" in c["kernel"] for c in off.report.call_sites)
     assert _transforms(off.report) > 2 and off.report.kernels > fused.report.kernels
+
+
+def test_sparse_rounding_boundary_flips_pass_and_dense_errors_do_not() -> None:
+    """The boundary-flip rule (verify/compare.rescue_boundary_flips): a few elements a step or two beyond the
+    QDQ tolerance pass, with a note; the same error on many elements, an error larger than both bounds, or a
+    shape mismatch does not."""
+    from fuseguard.verify.compare import FLIP_FRACTION, Tolerance, compare_outputs, rescue_boundary_flips
+
+    step = 0.05
+    tol = {"y": Tolerance(atol=2 * step * 1.001, rtol=0.0)}
+    ref = np.zeros(10_000, np.float32)
+    sparse = ref.copy()
+    sparse[:5] = 3 * step
+    dense = ref.copy()
+    dense[: int(3 * FLIP_FRACTION * ref.size)] = 3 * step
+    huge = ref.copy()
+    huge[0] = 9 * step
+
+    def rescued(actual: np.ndarray, ort_int8_err: float) -> object:
+        result = compare_outputs({"y": actual}, {"y": ref}, per_output=tol)
+        assert not result
+        return rescue_boundary_flips(result, {"y": ort_int8_err})
+
+    ok = rescued(sparse, 0.0)
+    assert ok and "passed as rounding-boundary flips: 5 of 10000" in ok["y"].note
+    assert not rescued(dense, 0.0)
+    assert not rescued(huge, 0.0)
+    assert rescued(huge, 10 * step)                  # ONNX Runtime's own int8 kernels are further off
+    shape = compare_outputs({"y": sparse[:10]}, {"y": ref}, per_output=tol)
+    assert not rescue_boundary_flips(shape, {"y": 1.0})

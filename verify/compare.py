@@ -520,3 +520,35 @@ def compare_with_fp64_tiebreak(actual: Mapping[str, Any] | Sequence[Any],
         else:
             rescued[name] = dataclasses.replace(r, reason=f"{r.reason}; fp64 tie-break failed: {verdict}")
     return CompareResult(rescued)
+
+
+#: Boundary-flip rule (int8 QDQ models): at most this fraction of an output's elements may lie beyond its
+#: tolerance. A value that sits on a rounding boundary of an inner QuantizeLinear lands one step apart in two
+#: correct engines, and the next MatMul spreads that step over a row of outputs (|w| * s_w * s_x each): sparse.
+#: Measured (ORT's quantize_static, 20 input draws each, int8 kernels on): gpt2_tiny and bert_encoder reach 3
+#: steps on at most 0.06% of elements; a wrong zero-point correction put 74% of elements beyond.
+FLIP_FRACTION = 0.01
+#: ... and the largest error may be this many tolerances when ONNX Runtime's own int8 kernels (the engine
+#: users would ship otherwise) are closer to the reference than that; else as far as they are.
+FLIP_TOLERANCES = 2.0
+
+
+def rescue_boundary_flips(result: CompareResult, yardstick: Mapping[str, float]) -> CompareResult:
+    """Tolerance-only failures of a QDQ model's dequantized outputs pass when they are sparse
+    (FLIP_FRACTION) and no larger than max(FLIP_TOLERANCES tolerances, `yardstick[name]`: ONNX Runtime's own
+    int8 kernels' largest error against the same reference), with a note saying so. Shape, dtype and NaN/Inf
+    failures are never rescued; nor is a dense error, however small."""
+    rescued: dict[str, OutputCompareResult] = {}
+    for name, r in result.items():
+        if r or r.nonfinite_mismatches or r.max_abs_error is None or not r.size or name not in yardstick \
+                or any(w in r.reason for w in ("shape mismatch", "dtype mismatch", "missing from")):
+            rescued[name] = r
+            continue
+        bound = max(FLIP_TOLERANCES * r.tolerance.atol, yardstick[name])
+        verdict = (f"{r.mismatches} of {r.size} elements beyond the tolerance ({r.mismatch_fraction:.3%}), largest "
+                   f"{r.max_abs_error:.3g} vs a bound of {bound:.3g} (ONNX Runtime's int8 kernels: {yardstick[name]:.3g})")
+        if r.mismatch_fraction <= FLIP_FRACTION and r.max_abs_error <= bound:
+            rescued[name] = dataclasses.replace(r, passed=True, reason="", note=f"passed as rounding-boundary flips: {verdict}")
+        else:
+            rescued[name] = dataclasses.replace(r, reason=f"{r.reason}; not rounding-boundary flips: {verdict}")
+    return CompareResult(rescued)
