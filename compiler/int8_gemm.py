@@ -18,7 +18,7 @@ what follows: bias, GELU, the next pair) into the GEMM's epilogue.
 Runs before constant folding (step 1), for fused and unfused builds alike (the unfused build runs the
 quantize, the GEMM and the dequantize as three kernels). Only where the target has VNNI, W is 2-D and
 symmetric (zero point 0, as ORT's quantiser writes weights), its scale per tensor or per output column,
-and K, N split into the kernel's steps; any other MatMul keeps the fp32 route.
+K, N split into the kernel's steps and the output's shape static; any other MatMul keeps the fp32 route.
 """
 
 from __future__ import annotations
@@ -99,9 +99,11 @@ def integer_matmuls(mod: tvm.IRModule, lanes: int) -> tuple[tvm.IRModule, int, i
         if p["shape"] in m:
             act = relax.op.reshape(act, m[p["shape"]])
         acc = relax.op.matmul(act, relax.const(np.ascontiguousarray(w_kn), "int8"), out_dtype="int32")
-        rank = len(mm.ty.shape.values) if mm.ty.shape is not None else None
-        if rank is None:
-            return None
+        dims = mm.ty.shape.values if isinstance(mm.ty, relax.TensorType) and mm.ty.shape is not None else None
+        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None     # symbolic rows: the kernel's tensorized tile does not lower with them (TVM 0.27's
+                            # match-buffer check fails on the padded offset); the fp32 route takes them
+        rank = len(dims)
         return relax.op.dequantize(acc, relax.const(scale, "float32"), relax.const(corr, "int32"), axis=rank - 1,
                                    out_dtype="float32")
 

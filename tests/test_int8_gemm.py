@@ -157,3 +157,20 @@ def test_a_quantised_transformer_runs_its_matmuls_on_int8(tmp_path: Path) -> Non
     assert verdict, verdict.to_dict()
     flips = [w for w in verdict.warnings if "rounding-boundary flips" in w]
     assert all("elements beyond the tolerance" in w for w in flips)
+
+
+def test_symbolic_rows_keep_the_fp32_route() -> None:
+    """A dynamic row count (`--dynamic rows`): the tensorized tile does not lower with symbolic rows in TVM 0.27,
+    so the MatMul stays on the fp32 route, and every size computes the integer result."""
+    from fuseguard.compiler.dynamic import parse_dynamic
+
+    model, _ = _qdq_matmul(16, 64, 48, act=TensorProto.INT8, per_column=True, transposed=False)
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[1].dim_param = "rows"
+    built = compile_model(model, options=CompileOptions(dynamic=parse_dynamic("rows<=64")), name="dyn")
+    assert "int8 kernels" not in built.report.qdq
+    rng = np.random.default_rng(1)
+    for rows in (1, 37, 64):
+        x = (rng.standard_normal((1, rows, 64)) * 3).astype(np.float32)
+        want = _exact(model, x)
+        np.testing.assert_allclose(built.run({"x": x})[0], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())

@@ -102,12 +102,12 @@ def match_int8_matmul(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> Ma
 
 
 def choose_int8_tiles(info: MatmulInfo, host: HostCPU) -> Int8Tiles | None:
-    """None when the shapes do not fit the kernel (K not whole steps, N not whole vectors, either symbolic).
+    """None when the shapes do not fit the kernel (K not whole steps, N not whole vectors, any symbolic).
 
     Measured on Sapphire Rapids (2 cores, 128x768x768, GOP/s): 8x3 673, 4x3 666, 8x2 660, 4x4 641, 4x2 587,
     2x4 567: 24 accumulators of 32 registers, as the fp32 tile. AVX-VNNI's 16 registers take 4x2."""
     lanes = vnni_lanes(host)
-    if not lanes or info.k is None or info.n is None or info.k % K_STEP or info.n % lanes:
+    if not lanes or info.m is None or info.k is None or info.n is None or info.k % K_STEP or info.n % lanes:
         return None
     vectors = info.n // lanes
     big = host.vector_registers >= 32
@@ -169,7 +169,7 @@ def schedule_matmul_int8(sch: s_tir.Schedule, info: MatmulInfo, tiles: Int8Tiles
 
 
 def _pad_rows(sch: s_tir.Schedule, mm, epilogue, info: MatmulInfo, mr: int):  # noqa: ANN001, ANN202 - block RVs
-    """M (static, no divisor near the tile height, or symbolic) padded to whole row tiles: A is copied
+    """M (no divisor near the tile height: ViT's 197 tokens) padded to whole row tiles: A is copied
     into a zero-padded buffer (M*K bytes, against the M*N*K work) and the copy out is inlined into the
     epilogue. The copy cannot be inlined into the kernel as the fp32 tile's is: a select around A's load is
     not the dot product `tensorize` matches."""
