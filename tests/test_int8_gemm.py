@@ -3,6 +3,7 @@ exact against integer arithmetic, at tile edges, in both activation types, fused
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -55,6 +56,12 @@ def _qdq_matmul(m: int, k: int, n: int, *, act: int, per_column: bool, transpose
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
     x.flat[:5] = [1e4, -1e4, 0.025, 0.075, -0.025]         # saturating, and ties (x / s = k + 1/2)
     return model, {"x": x}
+
+
+def _holds_int_matmul(script: str) -> bool:
+    """A kernel with an integer matmul: tensorized (vpdpbusd), or an int32 reduction over uint8 loads."""
+    return "vpdpbusd" in script or ('"uint8"' in script and 'T.Cast("int32"' in script
+                                    and re.search(r'T\.axis\.(reduce|remap\("S*R)', script) is not None)
 
 
 def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -151,8 +158,13 @@ def test_a_quantised_transformer_runs_its_matmuls_on_int8(tmp_path: Path) -> Non
     from fuseguard.verify.core import verify_model
 
     path = _quantised(tmp_path, "bert_encoder")
-    built = compile_model(load(str(path), None, name="bert_int8"))
-    assert "6 MatMul(s) on int8 kernels" in built.report.qdq, built.report.qdq
+    for options in (CompileOptions(), CompileOptions().unfused()):
+        built = compile_model(load(str(path), None, name="bert_int8"), options=options)
+        assert "6 MatMul(s) on int8 kernels" in built.report.qdq, built.report.qdq
+        # every kernel holding an integer matmul is on the VNNI tile, none fell to a generic rule
+        rules = [str(f.attrs.get("fuseguard.cpu_schedule", "")) for _, f in built.lowered.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc) and _holds_int_matmul(f.script())]
+        assert rules and set(rules) == {"matmul-int8+vnni"}, rules
     verdict = verify_model(str(path), seed=19)
     assert verdict, verdict.to_dict()
     flips = [w for w in verdict.warnings if "rounding-boundary flips" in w]
