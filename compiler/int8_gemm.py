@@ -28,6 +28,7 @@ import tvm
 from tvm import relax
 
 from .passes import _np, recognize
+from .qdq import _scalar
 
 _SHIFT = {"int8": 128, "uint8": 0}
 
@@ -46,11 +47,6 @@ def _pattern():
     out = is_op("relax.matmul")(act, w_dq | w_t)
     return out, dict(x=x, s_q=s_q, z_q=z_q, s_x=s_x, z_x=z_x, quant=quant, act_dq=act_dq, shape=shape, w=w,
                      s_w=s_w, z_w=z_w, w_dq=w_dq, w_t=w_t)
-
-
-def _scalar(e: relax.Expr) -> float | None:
-    v = np.asarray(_np(e))
-    return float(v.reshape(())) if v.size == 1 else None
 
 
 def integer_matmuls(mod: tvm.IRModule, lanes: int) -> tuple[tvm.IRModule, int, int]:

@@ -28,7 +28,7 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.s_tir import TensorIntrin
 
-from ..hostcpu import HostCPU
+from ..hostcpu import HostCPU, host_from_target
 from .cpu_matmul import MatmulInfo, _elementwise_on, match_matmul
 from .tir_analysis import inline_around, int_or_none, loops_match_iters
 
@@ -195,6 +195,4 @@ def _pad_rows(sch: s_tir.Schedule, mm, epilogue, info: MatmulInfo, mr: int):  # 
 
 def supported(target: tvm.target.Target) -> int:
     """vpdpbusd lanes of the CPU `target` names (0: no integer kernel, the fp32 route stays)."""
-    from ..hostcpu import host_from_target
-
     return vnni_lanes(host_from_target(target))
