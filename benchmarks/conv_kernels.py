@@ -12,7 +12,7 @@ interleaved in this one process (`verify.timing.measure_interleaved`, both threa
     python benchmarks/conv_kernels.py --unfused --case 240,240,28,5,1,240,silu  # fused against conv + its ops
     python benchmarks/conv_kernels.py --force-blocked --case 512,1000,13,1,1   # a blocked kernel on its own
 
-A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu, silu or gelu).
+A case is C_IN,C_OUT,HW,K,STRIDE[,GROUPS[,ACT]] (ACT relu, relu6, silu or gelu).
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ def model_of(c_in: int, c_out: int, hw: int, k: int, stride: int, groups: int = 
         nodes += consts + [helper.make_node("Div", ["y", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
                            helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["y", "p"], ["q"]),
                            helper.make_node("Mul", ["q", "half"], ["z"])]
+    elif act == "relu6":    # MobileNet-V2's Clip(0, 6)
+        lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0)))
+        nodes += [helper.make_node("Constant", [], ["lo"], value=lo), helper.make_node("Constant", [], ["hi"], value=hi),
+                  helper.make_node("Clip", ["y", "lo", "hi"], ["z"])]
     else:
         nodes += [helper.make_node("Relu", ["y"], ["z"])]
     ho = (hw + 2 * pad - k) // stride + 1

@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("models", nargs="+")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--db", default="", help="decision database ('' = estimate only)")
+    p.add_argument("--groups", action="store_true", help="print every group: predicted and measured saving, "
+                   "and whether it was read from the model run or from replays")
     args = p.parse_args(argv)
     print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
           f"{'fused ms':>9s} {'unfused ms':>10s}")
@@ -55,8 +57,11 @@ def main(argv: list[str]) -> int:
         total = result.fused_total_us
         print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
               f"{total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
-        for g in sorted(groups, key=lambda g: g.saving_us)[:3]:
-            if g.saving_us < 0:
+        for g in sorted(groups, key=lambda g: g.saving_us)[:None if args.groups else 3]:
+            if args.groups:
+                print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
+                      f"({g.fused_us:.1f} vs {g.parts_us:.1f}, {g.timing}; {g.kernel[:40]})")
+            elif g.saving_us < 0:
                 print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
                       f"({g.kernel[:50]})")
     return 0

@@ -127,3 +127,63 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
     from fuseguard.verify.timing import timing_env
 
     assert timing_env(2)["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
+
+
+def test_groups_too_short_for_the_hook_are_replayed_whole() -> None:
+    """A group whose calls' hook error is more than RESOLUTION of its time is replayed, fused kernel and every
+    part; a long group is not, even with a short part (ResNet-18's 800 us convs had been replayed for theirs).
+    A group read as 0 us is wanted too: a kernel under the hook's own cost reads 0 (a view, never called, simply
+    gets no replay time and stays as read)."""
+    from fuseguard.verify.profile import HOOK_ERROR_US, RESOLUTION, replay_wanted
+
+    long_us = 10 * HOOK_ERROR_US / RESOLUTION
+    fused = [_site("f_ln", ["add", "ln"], 1.0), _site("f_conv", ["conv", "relu"], long_us),
+             _site("f_view", ["r"], 0.0), _site("f_mm", ["mm", "bias"], 30 * HOOK_ERROR_US)]
+    unfused = [_site("add", ["add"], 0.1), _site("ln", ["ln"], 0.9), _site("conv", ["conv"], long_us),
+               _site("relu", ["relu"], 2.0), _site("reshape", ["r"], 0.0), _site("mm", ["mm"], 28 * HOOK_ERROR_US),
+               _site("bias", ["bias"], 2.0)]
+    want_fused, want_unfused = replay_wanted(fused, unfused)
+    assert want_fused == {0, 2, 3} and want_unfused == {0, 1, 4, 5, 6}
+
+
+def test_a_group_reads_replays_only_when_all_its_kernels_have_one() -> None:
+    def site(kernel: str, nodes: list[str], us: float, replay: float | None) -> SiteTime:
+        return SiteTime(kernel=kernel, pattern="generic", nodes=nodes, us=us, bytes=0, flops=0, replay_us=replay)
+
+    fused = [site("f_ln", ["add", "ln"], 1.1, 0.6), site("f_mm", ["mm", "b"], 30.0, 20.0)]
+    unfused = [site("add", ["add"], 0.0, 0.1), site("ln", ["ln"], 0.1, 0.7), site("mm", ["mm"], 28.0, None),
+               site("b", ["b"], 1.0, 0.5)]
+    ln, mm = group_parts(fused, unfused)
+    assert (ln.timing, ln.fused_us, round(ln.parts_us, 6)) == ("replay", 0.6, 0.8)
+    assert (mm.timing, mm.fused_us, mm.parts_us) == ("model run", 30.0, 29.0)
+
+
+def test_a_small_layernorm_group_is_resolved_by_replay(tmp_path: Path) -> None:
+    """Add + LayerNorm + Relu on 17 x 192 (ViT-tiny's LayerNorm): each kernel runs for a microsecond or less,
+    the hook's own error. From the model run the Relu read 0 us (under the hook's subtracted cost) and the
+    LayerNorm 1.9 us; replayed, 0.08 and 0.85 us. In ViT-tiny the model run read such a fused kernel 1.12 us
+    against 0.09 us for its parts (12x)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 17, 192)).astype(np.float32), "r"),
+             numpy_helper.from_array(np.ones(192, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(192, np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "r"], ["s"]),
+         helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-6),
+         helper.make_node("Relu", ["y"], ["z"])],
+        "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 17, 192])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 17, 192])], inits)
+    path = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = profile_model(str(path), repeats=5, threads=2)
+    (ln,) = [g for g in result.groups if g.pattern == "layernorm"]
+    assert ln.timing == "replay" and ln.parts >= 2
+    assert 1 / 3 < ln.speedup < 3, (ln.fused_us, ln.parts_us)
+    relu = [g for g in result.groups if g.parts and g.pattern != "layernorm"]
+    assert relu and all(g.timing == "replay" and g.fused_us > 0 and g.parts_us > 0 for g in relu), relu
+    off = profile_model(str(path), repeats=5, threads=2, replay=False)
+    assert all(g.timing == "model run" for g in off.groups)

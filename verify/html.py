@@ -251,7 +251,8 @@ def _profile_section(p: Mapping[str, Any], *, table: bool = True) -> list[str]:
     slower = [g for g in groups if g.get("parts") and g["fused_us"] > g["parts_us"] * 1.05]
     out = [f"<h3>per-kernel profile</h3><p><small>{_e(p.get('cpu'))}, {_e(p.get('threads'))} threads, median of "
            f"{_e(p.get('repeats'))} runs; numpy sgemm {peak:.0f} GFLOP/s in the same run; the hook's "
-           f"{_fmt(p.get('overhead_us'))} us a call subtracted</small></p>"
+           f"{_fmt(p.get('overhead_us'))} us a call subtracted; groups too short for it timed by replay (each kernel "
+           f"looped alone on its own arguments)</small></p>"
            f"<p>kernels: fused {len(p.get('fused', []))} in {fused_total:.1f} us, unfused {len(p.get('unfused', []))} "
            f"in {unfused_total:.1f} us" + (f" ({unfused_total / fused_total:.2f}x)" if fused_total else "")
            + f" &middot; {len(slower)} fused kernel(s) slower than their parts by more than 5%</p>"]
@@ -265,9 +266,10 @@ def _profile_section(p: Mapping[str, Any], *, table: bool = True) -> list[str]:
                          g["parts_us"] if g.get("parts") else None,
                          _speedup_cell(g["fused_us"], g["parts_us"] if g.get("parts") else None),
                          g.get("bytes", 0) / 1e6, gf if g.get("flops") else None,
-                         f"{100 * gf / peak:.0f}%" if g.get("flops") and peak else None, g.get("reason")])
+                         f"{100 * gf / peak:.0f}%" if g.get("flops") and peak else None,
+                         g.get("timing", "model run"), g.get("reason")])
         out.append(_table(["kernel", "pattern", "ONNX nodes", "fused us", "unfused parts us", "parts / fused",
-                           "MB moved", "GFLOP/s", "% of sgemm", "why"], rows, numeric=(3, 4, 5, 6, 7, 8)))
+                           "MB moved", "GFLOP/s", "% of sgemm", "timed by", "why"], rows, numeric=(3, 4, 5, 6, 7, 8)))
     return out
 
 

@@ -8,11 +8,16 @@ cost model's claims: a fused group slower than its parts shows up here as a spee
 
 Timing: the VM's instrument hook records `perf_counter` around every call (TVM 0.27's VM has no
 profiler); kernel calls are tied to the build's call sites by execution order (`FusionReport.call_sites`).
-The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted.
+The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted. That reading
+resolves about a microsecond: the hook's cost grows with the call's argument count, so one constant does
+not fit every kernel. A group whose kernels' summed hook error (`HOOK_ERROR_US` a call) exceeds
+`RESOLUTION` of its time is therefore timed by replay instead, fused kernel and parts alike: each kernel run alone on its own arguments, in TVM's C++ timing loop
+(`time_evaluator`), at the point of the model run where it is called.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -21,9 +26,21 @@ from typing import Any
 
 import numpy as np
 
+_log = logging.getLogger(__name__)
+
 #: Calibration: an n x n x n float32 matmul through numpy's BLAS, the best this CPU does on the same
 #: threads; 1024 takes ~20-40 ms on 2 Zen4 cores, long enough to time and short enough to repeat.
 PEAK_SGEMM_N = 1024
+#: The hook's error on one kernel call, and the share of a group's time that error may take before the group is
+#: timed by replay. Measured on vit_tiny (SPR class, 2 threads): the hook read an Add + LayerNorm kernel 1.12 us
+#: fused against 0.09 us for its two parts (12x), replay 0.64 against 0.79 us; the error is ~0.5-1 us a call.
+#: Per group, not per kernel: a 20 us cutoff on any kernel replayed ResNet-18's 800 us convs for their small
+#: parts, and replay reads such a conv with its weights hot.
+HOOK_ERROR_US = 1.0
+RESOLUTION = 0.05
+#: Replay: each repeat loops the kernel for at least this long; the median of the repeats is taken.
+REPLAY_MIN_MS = 1
+REPLAY_REPEATS = 5
 
 
 @dataclass
@@ -37,6 +54,7 @@ class SiteTime:
     reason: str = ""
     key: str = ""
     predicted_us: float = 0.0
+    replay_us: float | None = None      # the kernel alone on its own arguments, looped (None: not replayed)
 
 
 @dataclass
@@ -54,6 +72,7 @@ class GroupProfile:
     reason: str
     key: str = ""
     predicted_us: float = 0.0        # the cost model's predicted saving for this group
+    timing: str = "model run"        # how fused_us and parts_us were read: "model run" or "replay"
 
     @property
     def saving_us(self) -> float:
@@ -105,7 +124,8 @@ class ProfileResult:
 
         table = Table(title=f"fuseguard profile: {self.model} ({self.cpu}, {self.threads} threads, median of "
                             f"{self.repeats}; numpy BLAS sgemm {self.peak_gflops:.0f} GFLOP/s in this run; hook "
-                            f"{self.overhead_us:.1f} us/call subtracted)")
+                            f"{self.overhead_us:.1f} us/call subtracted; r: replayed, the group's kernels "
+                            f"looped alone)")
         for col, justify in (("kernel", "left"), ("pattern", "left"), ("ONNX nodes", "left"),
                              ("fused us", "right"), ("unfused parts us", "right"), ("parts / fused", "right"),
                              ("MB moved", "right"), ("GFLOP/s", "right"), ("% of sgemm", "right"), ("why", "left")):
@@ -117,8 +137,9 @@ class ProfileResult:
             ratio = f"{g.speedup:.2f}x" if g.parts else "-"
             if g.parts and g.speedup < 0.95:
                 ratio = f"[red]{ratio}[/]"
-            table.add_row(g.kernel[:48], g.pattern, nodes, f"{g.fused_us:.1f}",
-                          f"{g.parts_us:.1f}" if g.parts else "-", ratio, f"{g.bytes / 1e6:.2f}",
+            mark = " r" if g.timing == "replay" else ""
+            table.add_row(g.kernel[:48], g.pattern, nodes, f"{g.fused_us:.1f}{mark}",
+                          f"{g.parts_us:.1f}{mark}" if g.parts else "-", ratio, f"{g.bytes / 1e6:.2f}",
                           f"{gf:.1f}" if g.flops else "-",
                           f"{100 * gf / self.peak_gflops:.0f}%" if g.flops and self.peak_gflops else "-",
                           g.reason[:90])
@@ -229,6 +250,61 @@ def time_call_sites(builds: Sequence[Any], inputs: Mapping[str, np.ndarray], *, 
     return [rec.medians() for rec in recorders]
 
 
+def kernel_library(executable: Any) -> Any:
+    """The module holding a build's compiled kernels: the VM executable's first import (a build loaded from
+    the cache is the executable module itself; one built in this process wraps it as ``.mod``)."""
+    mod = getattr(executable, "mod", executable)
+    imports = list(getattr(mod, "imports", []) or [])
+    return imports[0] if imports else mod
+
+
+def replay_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], wanted: set[int], *,
+                      min_repeat_ms: int = REPLAY_MIN_MS, repeats: int = REPLAY_REPEATS) -> dict[int, float]:
+    """Microseconds per call of each wanted call site, replayed: one model run whose instrument hook, before
+    each wanted kernel, loops that kernel on the very arguments the VM passes it (TVM's `time_evaluator`: a
+    C++ loop of at least `min_repeat_ms` a repeat, the median of `repeats`). Caches are as the loop leaves
+    them (hot); a kernel that cannot be replayed (not in the library, an error) is left out, and its group is
+    read from the model run."""
+    import tvm
+
+    if not wanted:
+        return {}
+    lib = kernel_library(compiled.executable)
+    dev = compiled.device()
+    sites = compiled.report.call_sites
+    vm = compiled.vm()
+    run = compiled.time_fn(inputs)
+    out: dict[int, float] = {}
+    evaluators: dict[str, Any] = {}
+    pos = [0]
+
+    def hook(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        if not before or symbol.startswith(("vm.builtin", "shape_func")):
+            return 0
+        j = pos[0]
+        while j < len(sites) and sites[j]["kernel"] != symbol:      # sites with no call became views
+            j += 1
+        if j >= len(sites):
+            return 0
+        pos[0] = j + 1
+        if j in wanted and j not in out:
+            try:
+                if symbol not in evaluators:
+                    evaluators[symbol] = lib.time_evaluator(symbol, dev, number=1, repeat=repeats,
+                                                            min_repeat_ms=min_repeat_ms)
+                out[j] = float(np.median(evaluators[symbol](*args).results)) * 1e6
+            except Exception as exc:    # noqa: BLE001 - TVM raises its own error types; the model run's time stays
+                _log.debug("replay of %s failed: %s", symbol, exc)
+        return 0
+
+    vm.set_instrument(tvm.runtime.convert(hook) if hasattr(tvm.runtime, "convert") else hook)
+    try:
+        run()
+    finally:
+        vm.set_instrument(None)
+    return out
+
+
 def _sites(compiled: Any, times: Sequence[float]) -> list[SiteTime]:
     return [SiteTime(kernel=s["kernel"], pattern=s["pattern"], nodes=list(s["nodes"]), us=t, bytes=s["bytes"],
                      flops=s["flops"], reason=s.get("reason", ""), key=s.get("key", ""),
@@ -236,8 +312,8 @@ def _sites(compiled: Any, times: Sequence[float]) -> list[SiteTime]:
             for s, t in zip(compiled.report.call_sites, times)]
 
 
-def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[GroupProfile]:
-    """Each fused kernel with the unfused kernels whose ONNX nodes it computes.
+def assign_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[int | None]:
+    """For each unfused kernel, the index of the fused kernel it is a part of (None: part of no group).
 
     An unfused kernel is a part of the fused kernel that lists all its nodes; one whose nodes no single fused
     kernel covers spans groups and is counted nowhere. Several kernels list a node when its op became more
@@ -246,26 +322,65 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[
     the least for one that does none. Given to the first kernel listing a node, Wav2Vec2's conv + GELU
     kernels lost their conv to the expand_dims view before them and read 3x slower than their parts."""
     covering = [set(site.nodes) for site in fused]
-    parts_us = [0.0] * len(fused)
-    parts_n = [0] * len(fused)
+    owners: list[int | None] = []
     for site in unfused:
         nodes = set(site.nodes)
         cands = [i for i, cover in enumerate(covering) if nodes and nodes <= cover]
         if not cands:
+            owners.append(None)
             continue
         same = [i for i in cands if _kind(fused[i].kernel) == _kind(site.kernel)]
         if same:
-            i = same[0]
+            owners.append(same[0])
         elif site.flops > 0:
-            i = max(cands, key=lambda c: fused[c].flops)
+            owners.append(max(cands, key=lambda c: fused[c].flops))
         else:
-            i = min(cands, key=lambda c: fused[c].flops)
-        parts_us[i] += site.us
-        parts_n[i] += 1
-    return [GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=f.us, parts_us=parts_us[i],
-                         parts=parts_n[i], bytes=f.bytes, flops=f.flops, reason=f.reason, key=f.key,
-                         predicted_us=f.predicted_us)
-            for i, f in enumerate(fused)]
+            owners.append(min(cands, key=lambda c: fused[c].flops))
+    return owners
+
+
+def replay_wanted(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], *, hook_error_us: float = HOOK_ERROR_US,
+                  resolution: float = RESOLUTION) -> tuple[set[int], set[int]]:
+    """Sites to replay (fused, unfused): every kernel of a group whose calls' hook error (`hook_error_us` each)
+    is more than `resolution` of the shorter side's time (fused kernel or summed parts)."""
+    owners = assign_parts(fused, unfused)
+    members: dict[int, list[int]] = {}
+    for j, i in enumerate(owners):
+        if i is not None:
+            members.setdefault(i, []).append(j)
+    want_f: set[int] = set()
+    want_u: set[int] = set()
+    for i, f in enumerate(fused):
+        parts = members.get(i, [])
+        if not parts:
+            continue
+        shorter = min(f.us, sum(unfused[j].us for j in parts))
+        if (1 + len(parts)) * hook_error_us > resolution * shorter:
+            want_f.add(i)
+            want_u.update(parts)
+    return want_f, want_u
+
+
+def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[GroupProfile]:
+    """Each fused kernel with the unfused kernels whose ONNX nodes it computes (see `assign_parts`).
+
+    A group whose fused kernel and every part were replayed is read from the replay times, both sides alike;
+    any other group from the model run (a mix would compare a hot-cache loop with an in-model call)."""
+    owners = assign_parts(fused, unfused)
+    parts: list[list[SiteTime]] = [[] for _ in fused]
+    for site, i in zip(unfused, owners):
+        if i is not None:
+            parts[i].append(site)
+    groups = []
+    for f, mine in zip(fused, parts):
+        replayed = bool(mine) and f.replay_us is not None and all(p.replay_us is not None for p in mine)
+        fused_us = f.replay_us if replayed else f.us
+        parts_us = sum((p.replay_us if replayed else p.us) or 0.0 for p in mine)
+        groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us or 0.0,
+                                   parts_us=parts_us, parts=len(mine), bytes=f.bytes, flops=f.flops,
+                                   reason=f.reason, key=f.key, predicted_us=f.predicted_us,
+                                   timing="replay" if replayed else "model run"))
+    return groups
 
 
 def _kind(kernel: str) -> str:
@@ -275,8 +390,9 @@ def _kind(kernel: str) -> str:
 
 def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = None, options: Any = None,
                   threads: int | None = None, repeats: int = 20, seed: int = 0,
-                  name: str | None = None) -> ProfileResult:
-    """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node."""
+                  name: str | None = None, replay: bool = True) -> ProfileResult:
+    """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node; groups
+    too short for the hook's resolution are read from replays (`replay=False`: none)."""
     from fuseguard.compiler.onnx_loader import load
     from fuseguard.compiler.cache import compile_cached
     from fuseguard.compiler.pipeline import CompileOptions
@@ -298,7 +414,15 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
     unfused = compile_cached(loaded, options.unfused())
     (fused_t, overhead), (unfused_t, _) = time_call_sites([fused, unfused], inputs, repeats=repeats)
     result = ProfileResult(model=loaded.name, cpu=fused.target.label, threads=threads, repeats=repeats,
-                           peak_gflops=measure_peak_gflops(threads), overhead_us=overhead,
+                           peak_gflops=0.0, overhead_us=overhead,
                            fused=_sites(fused, fused_t), unfused=_sites(unfused, unfused_t))
+    if replay:
+        wanted = replay_wanted(result.fused, result.unfused)
+        for build, sites, want in zip((fused, unfused), (result.fused, result.unfused), wanted):
+            for j, us in replay_call_sites(build, inputs, want).items():
+                sites[j].replay_us = us
+    # Last: the BLAS pool spins on after its sgemm and took a core from TVM's pool (a replay read 4 ms, a
+    # scheduler quantum, for a 4 us kernel when it came after this).
+    result.peak_gflops = measure_peak_gflops(threads)
     result.groups = group_parts(result.fused, result.unfused)
     return result
