@@ -11,8 +11,10 @@ profiler); kernel calls are tied to the build's call sites by execution order (`
 The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted. That reading
 resolves about a microsecond: the hook's cost grows with the call's argument count, so one constant does
 not fit every kernel. A group whose kernels' summed hook error (`HOOK_ERROR_US` a call) exceeds
-`RESOLUTION` of its time is therefore timed by replay instead, fused kernel and parts alike: each kernel run alone on its own arguments, in TVM's C++ timing loop
-(`time_evaluator`), at the point of the model run where it is called.
+`RESOLUTION` of its time is therefore timed by replay instead, fused kernel and parts alike: each kernel run
+alone on its own arguments, in TVM's C++ timing loop (`time_evaluator`), at the point of the model run where
+it is called. Only `call_tir` sites are replayed (a kernel that updates its input in place would change it
+on every loop; fuseguard's pipeline makes none).
 """
 
 from __future__ import annotations
