@@ -58,7 +58,8 @@ def model_of(c_in: int, c_out: int, hw: int, k: int, stride: int, groups: int = 
                            helper.make_node("Mul", ["q", "half"], ["z"])]
     elif act == "relu6":    # MobileNet-V2's Clip(0, 6)
         lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0)))
-        nodes += [helper.make_node("Constant", [], ["lo"], value=lo), helper.make_node("Constant", [], ["hi"], value=hi),
+        nodes += [helper.make_node("Constant", [], ["lo"], value=lo),
+                  helper.make_node("Constant", [], ["hi"], value=hi),
                   helper.make_node("Clip", ["y", "lo", "hi"], ["z"])]
     else:
         nodes += [helper.make_node("Relu", ["y"], ["z"])]

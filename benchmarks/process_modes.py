@@ -55,8 +55,9 @@ def main(argv: list[str]) -> int:
             for layout, prefix, extra in (layouts[k] for k in args.layouts.split(",")):
                 runs = []
                 for _ in range(args.processes):
-                    out = subprocess.run([*prefix, sys.executable, "-c", CHILD, tmp, str(threads)], env={**env, **extra},
-                                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+                    out = subprocess.run([*prefix, sys.executable, "-c", CHILD, tmp, str(threads)],
+                                         env={**env, **extra}, capture_output=True, text=True, check=True,
+                                         cwd=ROOT).stdout
                     runs.append(json.loads(out.strip().splitlines()[-1]))
                 for contender in ("tvm_fused", "tvm_unfused", "ort"):
                     med = np.array([np.median(r[contender]) for r in runs])
