@@ -72,10 +72,14 @@ class Measured:
     parts_us: float
     model: str
     measured_at: str
+    #: the whole model split at this group over fused, when `tune` timed it (None: not timed)
+    whole_model: float | None = None
 
     @property
     def reason(self) -> str:
         verdict = "fused" if self.fuse else "split back"
+        if self.fuse and self.whole_model is not None:
+            verdict = f"kept fused (split back, the whole model ran {self.whole_model:.3f}x)"
         return (f"measured ({self.measured_at}, on {self.model}): fused {self.fused_us:.1f} us vs unfused parts "
                 f"{self.parts_us:.1f} us: {verdict}")
 
@@ -99,8 +103,10 @@ def _load(path: str, mtime_ns: int) -> dict[str, Measured]:
     out = {}
     for key, e in (doc.get("entries") or {}).items():
         try:
+            whole = e.get("whole_model")
             out[key] = Measured(fuse=bool(e["fuse"]), fused_us=float(e["fused_us"]), parts_us=float(e["parts_us"]),
-                                model=str(e.get("model", "?")), measured_at=str(e.get("measured_at", "?")))
+                                model=str(e.get("model", "?")), measured_at=str(e.get("measured_at", "?")),
+                                whole_model=float(whole) if whole is not None else None)
         except (KeyError, TypeError, ValueError):
             continue
     return out
@@ -114,5 +120,8 @@ def load(path: Path | None) -> dict[str, Measured]:
 
 
 def entry(measured: Measured) -> dict[str, Any]:
-    return {"fuse": measured.fuse, "fused_us": round(measured.fused_us, 3), "parts_us": round(measured.parts_us, 3),
-            "model": measured.model, "measured_at": measured.measured_at}
+    out = {"fuse": measured.fuse, "fused_us": round(measured.fused_us, 3), "parts_us": round(measured.parts_us, 3),
+           "model": measured.model, "measured_at": measured.measured_at}
+    if measured.whole_model is not None:
+        out["whole_model"] = round(measured.whole_model, 4)
+    return out

@@ -105,3 +105,45 @@ def test_tune_takes_each_groups_median_over_processes() -> None:
     assert (merged.fused_us, merged.parts_us) == (31.0, 40.0)
     with pytest.raises(FuseguardError, match="different builds"):
         merge_groups([profile(1.0, 2.0), profile(1.0, 2.0, kernel="other")])
+
+
+def test_a_split_stands_only_where_the_whole_model_ran_faster(tmp_path: Path, monkeypatch) -> None:
+    """Two groups read slower than their parts in the profile; split back, the whole model ran faster for one
+    (interval below 1) and not for the other (MobileNet-V2's depthwise groups: their cold output storage is
+    the memory plan's, not the fusion's). The second stays fused, with the whole-model ratio in its reason."""
+    import fuseguard.verify.tune as tune
+    from fuseguard.verify.profile import GroupProfile, ProfileResult
+
+    groups = [GroupProfile(kernel=f"k{i}", pattern="conv2d_bias_act", nodes=[f"n{i}"], fused_us=230.0, parts_us=180.0,
+                           parts=3, bytes=0, flops=0, reason="", key=key) for i, key in enumerate(("real", "cold"))]
+    profile = ProfileResult(model="m", cpu="cpu", threads=2, repeats=3, peak_gflops=1.0, overhead_us=2.0)
+    profile.groups = groups
+    seen: list[list[str]] = []
+
+    def fake_confirm(source, keys, **_):
+        seen.append(sorted(keys))
+        return {"real": (0.93, (0.90, 0.95)), "cold": (1.003, (0.98, 1.03))}
+
+    monkeypatch.setattr(tune, "confirm_splits", fake_confirm)
+    db = tmp_path / "db.json"
+    result = tune.record_tuning([profile], db=str(db), source="model.onnx")
+    assert seen == [["cold", "real"]]
+    assert {d["key"]: d["fuse"] for d in result.decisions} == {"real": False, "cold": True}
+    loaded = decisions.load(db)
+    assert not loaded["real"].fuse and loaded["real"].whole_model == 0.93
+    assert loaded["cold"].fuse and "kept fused" in loaded["cold"].reason and "1.003x" in loaded["cold"].reason
+    assert "model split back: 1.003x" in result.render()
+    # without a source (or with confirm=False) the profile alone decides, as before
+    unconfirmed = tune.record_tuning([profile], db=str(tmp_path / "plain.json"), source="model.onnx", confirm=False)
+    assert not any(d["fuse"] for d in unconfirmed.decisions) and len(seen) == 1
+
+
+def test_confirm_splits_times_the_model_with_one_group_split() -> None:
+    from fuseguard.verify.tune import confirm_splits
+
+    model = _model("mlp_gelu", seq=16)
+    built = compile_model(model, options=CompileOptions(decision_db="", schedule=False))
+    key = next(d.key for d in built.report.decisions if d.fused and d.pattern == "matmul_bias_gelu")
+    (got,) = confirm_splits(model, [key], options=CompileOptions(schedule=False), rounds=5).items()
+    ratio, (lo, hi) = got[1]
+    assert got[0] == key and lo <= ratio <= hi and 0.2 < ratio < 5

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default 3)")
     tu.add_argument("--decision-db", default=None, metavar="FILE",
                     help="database file (default: baselines/decisions/<arch>.json)")
+    tu.add_argument("--no-confirm", action="store_true",
+                    help="record a split-back on the per-group profile alone (default: only where the whole model "
+                         "also ran faster with that group split, timed interleaved)")
 
     co = sub.add_parser("conformance", help="the ONNX backend node tests, fused and unfused, against their "
                                             "expected outputs and ONNX Runtime")
@@ -874,7 +877,8 @@ def _tune(args: argparse.Namespace) -> int:
                 profiles.append(got)
             else:
                 result = _call_one(args, worker, "fuseguard.verify.tune:record_tuning", label, f"recording {label}",
-                                   profiles=profiles, options=options, db=args.decision_db)
+                                   profiles=profiles, options=options, db=args.decision_db, source=source,
+                                   shapes=_shapes_for(args, source), threads=threads, confirm=not args.no_confirm)
                 if result is not _FAILED:
                     print(result.render())
     return args.worst
