@@ -8,7 +8,11 @@ measured saving, fused groups slower than their parts (by > 5%), and regret: the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
 us and as a share of the model's fused time. Regret covers the groups the model chose to fuse; a match it
 refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
-database (written by `fuseguard tune`) to see the effect of measured decisions.
+database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the
+model with each losing group split back and times it against the fused build, interleaved
+(`verify.tune.confirm_splits`): "confirmed regret" counts a loss only where the split whole model ran faster
+with its 95% interval below 1 (MobileNet-V2's two losing groups lose to their cold output storage, which
+splitting does not change).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("models", nargs="+")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--db", default="", help="decision database ('' = estimate only)")
+    p.add_argument("--confirm", action="store_true", help="time each losing group split back in the whole model")
     p.add_argument("--groups", action="store_true", help="print every group: predicted and measured saving, "
                    "and whether it was read from the model run or from replays")
     args = p.parse_args(argv)
@@ -57,6 +62,15 @@ def main(argv: list[str]) -> int:
         total = result.fused_total_us
         print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
               f"{total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
+        if args.confirm:
+            from fuseguard.verify.tune import confirm_splits
+
+            losing = sorted({g.key for g in groups if g.saving_us < 0 and g.key})
+            confirmed = confirm_splits(resolve_model_arg(name), losing,
+                                       options=CompileOptions(decision_db=args.db))
+            lost = sum((1 - ratio) * total for ratio, (_, hi) in confirmed.values() if hi < 1.0)
+            print(f"    confirmed regret {lost:.1f} us ({100 * lost / total:.2f}%): " + ", ".join(
+                f"split {ratio:.3f}x [{lo:.3f}, {hi:.3f}]" for ratio, (lo, hi) in confirmed.values()))
         for g in sorted(groups, key=lambda g: g.saving_us)[:None if args.groups else 3]:
             if args.groups:
                 print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
