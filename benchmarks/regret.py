@@ -6,7 +6,9 @@ For every pattern group of each model's fused build, `verify.profile` times the 
 unfused kernels of the same ONNX nodes. Printed per model: Spearman rank correlation of predicted vs
 measured saving, fused groups slower than their parts (by > 5%), and regret: the time lost against the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
-us and as a share of the model's fused time. Regret covers the groups the model chose to fuse; a match it
+us and as a share of the model's fused time; then the groups slower beyond noise ("sure": the saving's
+95% interval over the paired rounds lies below 0, `ProfileResult.sure_losses`) and the regret they carry.
+A sum of shortfalls grows with noise alone: a group whose true saving is 0 reads a shortfall half the time. Regret covers the groups the model chose to fuse; a match it
 refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
 database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the
 model with each losing group split back and times it against the fused build, interleaved
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> int:
                    "and whether it was read from the model run or from replays")
     args = p.parse_args(argv)
     print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
-          f"{'fused ms':>9s} {'unfused ms':>10s}")
+          f"{'sure':>5s} {'beyond noise':>12s} {'fused ms':>9s} {'unfused ms':>10s}")
     for name in args.models:
         result = profile_model(resolve_model_arg(name), options=CompileOptions(decision_db=args.db),
                                repeats=args.repeats)
@@ -60,8 +62,10 @@ def main(argv: list[str]) -> int:
         regret = sum(max(0.0, -g.saving_us) for g in groups)
         slower = len([g for g in groups if g.fused_us > g.parts_us * 1.05])
         total = result.fused_total_us
+        sure = [g for g in result.sure_losses() if g in groups]
+        beyond = sum(-g.saving_us for g in sure)
         print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
-              f"{total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
+              f"{len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
         if args.confirm:
             from fuseguard.verify.tune import confirm_splits
 

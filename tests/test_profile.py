@@ -187,3 +187,35 @@ def test_a_small_layernorm_group_is_resolved_by_replay(tmp_path: Path) -> None:
     assert relu and all(g.timing == "replay" and g.fused_us > 0 and g.parts_us > 0 for g in relu), relu
     off = profile_model(str(path), repeats=5, threads=2, replay=False)
     assert all(g.timing == "model run" for g in off.groups)
+
+
+def test_a_loss_counts_only_beyond_the_noise_of_the_paired_rounds() -> None:
+    """Regret summed every group's shortfall, and a group whose true saving is 0 reads one half the time
+    (ResNet-18's 17 conv groups: 0.3-2.9% of the model between runs). The saving's interval over the paired
+    rounds separates a real loss from noise; a replayed group (no rounds) needs RESOLUTION."""
+    import numpy as np
+
+    from fuseguard.verify.profile import ProfileResult
+
+    rng = np.random.default_rng(3)
+
+    def site(kernel: str, nodes: list[str], samples: list[float], replay: float | None = None) -> SiteTime:
+        return SiteTime(kernel=kernel, pattern="conv2d_bias_act", nodes=nodes, us=float(np.median(samples)),
+                        bytes=0, flops=0, samples=samples, replay_us=replay)
+
+    noisy = lambda mean: list(mean + rng.normal(0, 40, 20))  # noqa: E731
+    fused = [site("f_loss", ["a", "b"], list(900 + rng.normal(0, 10, 20))), site("f_noise", ["c", "d"], noisy(800)),
+             site("f_tiny", ["e", "f"], [1.0] * 20, replay=1.2), site("f_flat", ["g", "h"], [1.0] * 20, replay=1.02)]
+    unfused = [site("a", ["a"], list(780 + rng.normal(0, 10, 20))), site("b", ["b"], [20.0] * 20),
+               site("c", ["c"], noisy(790)), site("d", ["d"], [10.0] * 20),
+               site("e", ["e"], [0.5] * 20, replay=0.5), site("f", ["f"], [0.5] * 20, replay=0.5),
+               site("g", ["g"], [0.5] * 20, replay=0.5), site("h", ["h"], [0.5] * 20, replay=0.5)]
+    result = ProfileResult(model="m", cpu="cpu", threads=2, repeats=20, peak_gflops=1.0, overhead_us=1.0,
+                           fused=fused, unfused=unfused)
+    result.groups = group_parts(fused, unfused)
+    loss, noise, tiny, flat = result.groups
+    assert loss.saving_ci is not None and loss.saving_ci[1] < 0
+    assert noise.saving_ci is not None and noise.saving_ci[0] < 0 < noise.saving_ci[1]
+    assert tiny.timing == "replay" and tiny.saving_ci is None
+    assert [g.kernel for g in result.sure_losses()] == ["f_loss", "f_tiny"]
+    assert json.loads(json.dumps(result.to_dict()))["groups"][0]["saving_ci"][1] < 0

@@ -830,8 +830,10 @@ def _profile(args: argparse.Namespace) -> int:
             console.print(result.render(max_rows=args.rows))
             slower = result.slower_groups()
             if slower:
+                sure = {id(g) for g in result.sure_losses()}
                 console.print(f"{result.model}: {len(slower)} fused kernel(s) slower than their unfused parts "
-                              f"by > 5%: " + ", ".join(g.kernel for g in slower[:6]))
+                              f"by > 5% ({len([g for g in slower if id(g) in sure])} beyond the noise of their "
+                              f"rounds): " + ", ".join(g.kernel for g in slower[:6]))
     if args.json:
         from .atomic import atomic_write_json
 
