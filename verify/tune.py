@@ -192,7 +192,8 @@ def record_tuning(profiles: Sequence[Any], *, options: Any = None, db: str | Non
         for key, (ratio, (_, hi)) in confirm_splits(source, splits, shapes=shapes, options=options,
                                                     threads=threads).items():
             m, pattern, n = verdicts[key]
-            verdicts[key] = (replace(m, fuse=hi >= 1.0, whole_model=ratio), pattern, n)
+            # split only on a clear whole-model gain (an unreadable interval, NaN, keeps the group fused)
+            verdicts[key] = (replace(m, fuse=not hi < 1.0, whole_model=ratio), pattern, n)
     header = {"schema": decisions.SCHEMA, "versions": decisions.versions()}
 
     def mutate(doc: dict[str, Any]) -> None:
