@@ -8,8 +8,8 @@ measured saving, fused groups slower than their parts (by > 5%), and regret: the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
 us and as a share of the model's fused time; then the groups slower beyond noise ("sure": the saving's
 95% interval over the paired rounds lies below 0, `ProfileResult.sure_losses`) and the regret they carry.
-A sum of shortfalls grows with noise alone: a group whose true saving is 0 reads a shortfall half the time. Regret covers the groups the model chose to fuse; a match it
-refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
+A sum of shortfalls grows with noise alone: a group whose true saving is 0 reads a shortfall half the
+time. Regret covers the groups the model chose to fuse; a match it refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
 database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the
 model with each losing group split back and times it against the fused build, interleaved
 (`verify.tune.confirm_splits`): "confirmed regret" counts a loss only where the split whole model ran faster
@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
         sure = [g for g in result.sure_losses() if g in groups]
         beyond = sum(-g.saving_us for g in sure)
         print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
-              f"{len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} {result.unfused_total_us / 1e3:10.2f}")
+              f"{len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} "
+              f"{result.unfused_total_us / 1e3:10.2f}")
         if args.confirm:
             from fuseguard.verify.tune import confirm_splits
 
@@ -78,12 +79,11 @@ def main(argv: list[str]) -> int:
             print(f"    confirmed regret {lost:.1f} us ({100 * lost / total:.2f}%): " + ", ".join(
                 f"split {ratio:.3f}x [{lo:.3f}, {hi:.3f}]" for ratio, (lo, hi) in confirmed.values()))
         for g in sorted(groups, key=lambda g: g.saving_us)[:None if args.groups else 3]:
-            if args.groups:
+            detail = (f"{g.fused_us:.1f} vs {g.parts_us:.1f}, {g.timing}; {g.kernel[:40]}" if args.groups
+                      else g.kernel[:50])
+            if args.groups or g.saving_us < 0:
                 print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
-                      f"({g.fused_us:.1f} vs {g.parts_us:.1f}, {g.timing}; {g.kernel[:40]})")
-            elif g.saving_us < 0:
-                print(f"    {g.pattern:18s} predicted {g.predicted_us:7.1f} us, measured {g.saving_us:7.1f} us "
-                      f"({g.kernel[:50]})")
+                      f"({detail})")
     return 0
 
 

@@ -28,11 +28,8 @@ import numpy as np
 
 from fuseguard.compiler import progress
 from fuseguard.compiler.cache import compile_cached
-from fuseguard.compiler.onnx_loader import load
 from fuseguard.compiler.pipeline import CompileOptions
-from fuseguard.compiler.plugins import load_env_plugins
 
-from .inputs import make_inputs
 from .timing import measure_interleaved, ort_timing_options
 
 
@@ -107,14 +104,9 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
     import json
     from pathlib import Path
 
-    from .core import SuiteSpec
+    from .core import load_with_inputs
 
-    load_env_plugins()
-    if isinstance(source, SuiteSpec):
-        name = name or source.label
-        source = source.build()
-    loaded = load(source, shapes, name=name)
-    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+    loaded, inputs = load_with_inputs(source, shapes, name=name, seed=seed)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"model": loaded.name}

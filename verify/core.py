@@ -221,6 +221,18 @@ def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, in
     return result, compiled
 
 
+def load_with_inputs(source: Any, shapes: Mapping[str, Sequence[int]] | None = None, *, name: str | None = None,
+                     seed: int = 0) -> tuple[LoadedModel, dict[str, np.ndarray]]:
+    """A model argument (file, bytes, ModelProto or suite model, built here) loaded, with seeded inputs; the
+    user's plugins are loaded first. What `profile`, `bench` and `tune`'s confirmation each start from."""
+    load_env_plugins()
+    if isinstance(source, SuiteSpec):
+        name = name or source.label
+        source = source.build()
+    loaded = load(source, shapes, name=name)
+    return loaded, make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+
+
 def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: Mapping[str, Sequence[int]] | None = None,
                  options: CompileOptions = CompileOptions(), seed: int | None = None, inputs_file: str | None = None,
                  tolerances: Any = None, per_output: Mapping[str, Tolerance] | None = None,

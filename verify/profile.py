@@ -427,22 +427,14 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                   name: str | None = None, replay: bool = True) -> ProfileResult:
     """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node; groups
     too short for the hook's resolution are read from replays (`replay=False`: none)."""
-    from fuseguard.compiler.onnx_loader import load
     from fuseguard.compiler.cache import compile_cached
     from fuseguard.compiler.pipeline import CompileOptions
-    from fuseguard.compiler.plugins import load_env_plugins
     from fuseguard.compiler.target import host_cores
 
-    from .core import SuiteSpec
-    from .inputs import make_inputs
+    from .core import load_with_inputs
 
-    load_env_plugins()
     options = options or CompileOptions()
-    if isinstance(source, SuiteSpec):
-        name = name or source.label
-        source = source.build()
-    loaded = load(source, shapes, name=name)
-    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=seed)
+    loaded, inputs = load_with_inputs(source, shapes, name=name, seed=seed)
     threads = threads or host_cores()
     fused = compile_cached(loaded, options)
     unfused = compile_cached(loaded, options.unfused())

@@ -138,22 +138,16 @@ def confirm_splits(source: Any, keys: Sequence[str], *, shapes: Mapping[str, Seq
     import numpy as np
 
     from fuseguard.compiler import decisions
-    from fuseguard.compiler.onnx_loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     from .bench import ratio_interval
-    from .core import SuiteSpec
-    from .inputs import make_inputs
+    from .core import load_with_inputs
     from .timing import measure_interleaved
 
     if not keys:
         return {}
     options = options or CompileOptions()
-    name = None
-    if isinstance(source, SuiteSpec):
-        name, source = source.label, source.build()
-    loaded = load(source, shapes, name=name)
-    inputs = make_inputs(loaded.model, loaded.input_shapes, seed=0)
+    loaded, inputs = load_with_inputs(source, shapes)
     fns = {"": compile_model(loaded, options=replace(options, decision_db="")).time_fn(inputs)}
     header = {"schema": decisions.SCHEMA, "versions": decisions.versions()}
     with tempfile.TemporaryDirectory(prefix="fuseguard-confirm-") as tmp:
