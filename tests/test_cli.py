@@ -176,6 +176,8 @@ def test_bench_samples_fresh_processes_and_reports_intervals(tmp_path: Path) -> 
     lo, hi = entry["fused_vs_ort_ci"]
     assert lo <= entry["fused_vs_ort"] <= hi
     assert "95% CI" in proc.stdout
+    # the time budget: a ~1 ms model takes far more than --repeats rounds a process (200 ms of each contender)
+    assert entry["samples"] > 2 * 4 * 3 and ">= 200 ms a contender" in " ".join(proc.stdout.split())
 
 
 def test_bench_adds_processes_while_an_interval_is_wider_than_asked(tmp_path: Path) -> None:
@@ -183,10 +185,12 @@ def test_bench_adds_processes_while_an_interval_is_wider_than_asked(tmp_path: Pa
     wide and by how much; --halfwidth 0 keeps exactly --processes (the tests above)."""
     out = tmp_path / "bench.json"
     proc = fuseguard("bench", "conv_bn_relu", "--repeats", "3", "--processes", "2", "--halfwidth", "0.01",
-                     "--max-processes", "4", "--json", str(out))
+                     "--max-processes", "4", "--sample-ms", "0", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(out.read_text()).values()
     assert entry["processes"] == 4 and entry["halfwidth_target"] == 0.0001
+    assert entry["samples"] <= 4 * 4 * 3          # --sample-ms 0: --repeats rounds (preempted ones retried, <= 4x)
+    assert "a contender" not in proc.stdout
     assert "intervals wider than +-0.01% at the process budget (conv_bn_relu" in " ".join(proc.stderr.split())
     assert "2-4 fresh processes" in " ".join(proc.stdout.split())
 

@@ -261,6 +261,29 @@ def test_interleaving_alternates_direction_each_round(monkeypatch: pytest.Monkey
     assert "".join(order) == "abbaabba"
 
 
+def test_sampling_budget_adds_rounds_until_every_contender_ran_that_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``min_sampled_s``: a fast contender gets rounds beyond ``repeats`` until its samples add up to the budget
+    (the slower one gets as many rounds: interleaved); the rounds stop at ``BUDGET_MAX_ROUNDS``; 0 keeps
+    ``repeats``."""
+    import time
+
+    monkeypatch.setattr(timing, "_preemptions", None)
+
+    def sleeper(seconds: float):
+        return lambda: time.sleep(seconds)
+
+    runs = measure_interleaved({"fast": sleeper(0.002), "slow": sleeper(0.004)}, warmup=0, repeats=3,
+                               min_time_s=0.0, min_sampled_s=0.03)
+    fast = runs["fast"]
+    assert runs["slow"].n == fast.n and 3 < fast.n <= 15
+    assert fast.ms.sum() >= 30 and fast.ms[:-1].sum() < 30      # stopped at the round that reached the budget
+    assert measure_interleaved({"a": lambda: None}, warmup=0, repeats=3, min_time_s=0.0)["a"].n == 3
+    capped = measure_interleaved({"a": lambda: None}, warmup=0, repeats=3, min_time_s=0.0, min_sampled_s=60.0)
+    assert capped["a"].n == timing.BUDGET_MAX_ROUNDS
+    with pytest.raises(UsageError, match="min_sampled_s"):
+        measure_interleaved({"a": lambda: None}, repeats=3, min_sampled_s=-1.0)
+
+
 def test_settled_sampling_waits_for_idle_and_warms_each_contender(monkeypatch: pytest.MonkeyPatch) -> None:
     """``settle``: before each sample the process goes idle and the contender runs once untimed (its own pool
     warm, no other pool spinning): with a/b interleaved every sample is preceded by a call of the same one."""

@@ -30,7 +30,7 @@ from fuseguard.compiler import progress
 from fuseguard.compiler.cache import compile_cached
 from fuseguard.compiler.pipeline import CompileOptions
 
-from .timing import measure_interleaved, ort_timing_options
+from .timing import SAMPLE_BUDGET_S, measure_interleaved, ort_timing_options
 
 
 @dataclass
@@ -127,10 +127,11 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
 
 def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
                   contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt"),
-                  thread_pools: str = "parked") -> dict[str, list[float]]:
-    """In a fresh process: load the exported builds, time the contenders interleaved; usable samples.
-    With ``thread_pools="deployed"`` the process must have been started with TVM's spinning on
-    (``timing_env(against_ort=False)``)."""
+                  thread_pools: str = "parked", min_sampled_s: float = SAMPLE_BUDGET_S) -> dict[str, list[float]]:
+    """In a fresh process: load the exported builds, time the contenders interleaved (at least `repeats`
+    rounds and `min_sampled_s` of samples each); usable samples. With ``thread_pools="deployed"`` the process
+    must have been started with TVM's spinning on (``timing_env(against_ort=False)``), and the time budget is
+    not applied: each sample first waits ~0.1 s for the pools to go idle."""
     deployed = thread_pools == "deployed"
     import json
     from pathlib import Path
@@ -155,7 +156,7 @@ def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int
     fns["ort"] = lambda: ort_all.run(None, feed)
     fns["ort_noopt"] = lambda: ort_none.run(None, feed)
     samples = measure_interleaved({k: fns[k] for k in contenders}, warmup=warmup, repeats=repeats, threads=threads,
-                                  settle=deployed)
+                                  settle=deployed, min_sampled_s=0.0 if deployed else min_sampled_s)
     return {k: [float(v) for v in s.usable_ms] for k, s in samples.items()}
 
 

@@ -76,15 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "manifest.json (one model: DIR itself; several: DIR/<model>/...)")
     cp.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
 
-    from .options import percentage, positive_int
-    from .timing import THREAD_POOLS
+    from .options import non_negative_float, percentage, positive_int
+    from .timing import SAMPLE_BUDGET_S, THREAD_POOLS
 
     b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
     b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
     _add_build_options(b)
     b.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
-    b.add_argument("--repeats", type=int, default=7, help="timed runs per contender and process after warm-up "
-                                                         "(default 7)")
+    b.add_argument("--repeats", type=positive_int, default=7, help="timed runs per contender and process after "
+                                                                  "warm-up, at least (default 7)")
+    b.add_argument("--sample-ms", type=non_negative_float, default=None, metavar="MS",
+                   help="more rounds until each contender was sampled this long in a process (default "
+                        f"{SAMPLE_BUDGET_S * 1e3:g}; 0: exactly --repeats; not with --thread-pools deployed)")
     b.add_argument("--processes", type=positive_int, default=3, metavar="N",
                    help="fresh timing processes, each loading the exported builds (default 3; ratios get a "
                         "95%% interval over them)")
@@ -526,11 +529,12 @@ def _bench(args: argparse.Namespace) -> int:
     import tempfile
 
     from .bench import MAX_PROCESSES, aggregate, needs_more, unresolved_note
-
     from .progress import Progress
+    from .timing import SAMPLE_BUDGET_S
 
     target = args.halfwidth / 100 if args.halfwidth else None
     most = max(args.max_processes or MAX_PROCESSES, args.processes)
+    sample_s = SAMPLE_BUDGET_S if args.sample_ms is None else args.sample_ms / 1e3
 
     import time
 
@@ -579,7 +583,8 @@ def _bench(args: argparse.Namespace) -> int:
                         runs[i].append(timer.call("fuseguard.verify.bench:time_prepared",
                                                   what=f"timing {labels[i]} ({have + 1})", timeout=args.timeout,
                                                   directory=str(Path(tmp) / str(i)), threads=threads,
-                                                  repeats=args.repeats, thread_pools=args.thread_pools))
+                                                  repeats=args.repeats, thread_pools=args.thread_pools,
+                                                  min_sampled_s=sample_s))
                 except (FuseguardError, WorkerFailure, WorkerTaskError) as err:
                     failed(labels[i], err)
                     done[i] = None
@@ -599,7 +604,9 @@ def _bench(args: argparse.Namespace) -> int:
                f"+-{args.halfwidth:g}%)" if target is not None and most > args.processes
                else f"{args.processes} fresh process(es)")
     console.print(render(results, f"fuseguard bench ({threads} threads, {sampled} x "
-                                  f">= {args.repeats} interleaved rounds after warm-up, thread pools "
+                                  f">= {args.repeats} interleaved rounds"
+                                  + (f" and >= {sample_s * 1e3:g} ms a contender" if sample_s and not deployed else "")
+                                  + " after warm-up, thread pools "
                                   f"{args.thread_pools}; "
                                   f"cpu {settings.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
     note = unresolved_note(results)

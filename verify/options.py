@@ -13,6 +13,7 @@ and the comparator take: one place builds them, whatever the entry point.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -146,6 +147,11 @@ def positive_int(text: str) -> int:
 
 
 _draws = positive_int
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (0 usually turns something off)."""
+    return _number(text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 
 
 def percentage(text: str) -> float:

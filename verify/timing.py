@@ -174,15 +174,32 @@ def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min
                                threads=threads, max_rounds=max_rounds)["fn"]
 
 
+#: Time each contender is sampled for in one timing process at least (rounds beyond `--repeats`): the median
+#: of 7 samples carried most of a fast model's interval. `fuseguard bench mlp_gelu shufflenet_v2_x1_0
+#: --processes 8 --halfwidth 0`, SPR class: 7 rounds (13 ms of mlp_gelu) gave fused/ORT half-widths of 3-6%,
+#: 40 rounds 1.9%; shufflenet 2.6% -> 1.2%, for 2-7 s more timing a model. Ten models, three `bench` runs each
+#: way: 21 of 30 model-runs within +-2% against 14 of 30 (docs/measurement.md). Models of >= 30 ms keep --repeats.
+SAMPLE_BUDGET_S = 0.2
+
+
+#: Most rounds a sampling budget (``measure_interleaved(min_sampled_s=...)``) adds: a 0.5 ms sample reaches
+#: 0.1 s of samples in 200 rounds.
+BUDGET_MAX_ROUNDS = 200
+
+
 def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
                         min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
                         threads: int | None = None, max_rounds: int | None = None,
-                        settle: bool = False) -> dict[str, Samples]:
+                        settle: bool = False, min_sampled_s: float = 0.0) -> dict[str, Samples]:
     """Time several functions alternately, one sample each per round, so drift hits all of them equally.
 
     Rounds alternate direction (A B, B A, A B, ...): plain ABAB would always run B right after A, so
     any cache or clock state A leaves behind would bias B only. Rounds continue until every function
     has ``repeats`` unpreempted samples or ``max_rounds`` (default 4 x repeats) rounds were run.
+
+    ``min_sampled_s``: rounds also continue (up to ``BUDGET_MAX_ROUNDS``) until every function's samples
+    add up to that much time, so a fast model's median rests on as much running as a slow one's
+    (:data:`SAMPLE_BUDGET_S` says what that buys).
 
     ``settle``: before each sample, wait until the process is idle (:func:`wait_until_idle`: the previous
     contender's thread pool has stopped spin-waiting) and make one untimed call, so each contender is timed
@@ -191,6 +208,9 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
     """
     rounds_cap = 4 * repeats if max_rounds is None else max_rounds
     _check(warmup, repeats, min_time_s, rounds_cap)
+    if not (math.isfinite(min_sampled_s) and min_sampled_s >= 0):
+        raise UsageError(f"measure: need min_sampled_s >= 0, got {min_sampled_s}")
+    budget_cap = max(rounds_cap, BUDGET_MAX_ROUNDS) if min_sampled_s > 0 else 0
     if not fns:
         raise UsageError("measure_interleaved: no functions to measure")
     names = list(fns)
@@ -201,14 +221,17 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
         times: dict[str, list[float]] = {name: [] for name in names}
         switches: dict[str, list[int]] = {name: [] for name in names}
         clean = dict.fromkeys(names, 0)
+        spent = dict.fromkeys(names, 0)
         r = 0
-        while r < repeats or (r < rounds_cap and min(clean.values()) < repeats):
+        while (r < repeats or (r < rounds_cap and min(clean.values()) < repeats)
+               or (r < budget_cap and min(spent.values()) < min_sampled_s * 1e9)):
             for name in names if r % 2 == 0 else reversed(names):
                 if settle:
                     wait_until_idle()
                     _timed(fns[name], 1, sync)
                 elapsed, preempted = _sample(fns[name], inner[name], sync)
                 times[name].append(elapsed / inner[name])
+                spent[name] += elapsed
                 switches[name].append(preempted)
                 clean[name] += preempted == 0
             r += 1
