@@ -301,3 +301,41 @@ def test_fp64_tiebreak_never_rescues_nan_or_integers() -> None:
     assert not compare_with_fp64_tiebreak({"y": actual}, {"y": reference}, {"y": gold}, mult=1e9)
     ints = np.arange(16)
     assert not compare_with_fp64_tiebreak({"i": ints + 1}, {"i": ints}, {"i": ints + 0.5}, mult=1e9)
+
+
+# --- outputs a comparison cannot fail on ------------------------------------------------------------
+
+def test_constant_and_below_tolerance_outputs_are_named_with_the_relative_error_that_still_tells() -> None:
+    from fuseguard.verify.compare import uninformative_outputs
+
+    rng = np.random.default_rng(0)
+    tiny = (rng.standard_normal((4, 8)) * 1e-6).astype(np.float32)
+    reference = {"zeros": np.zeros((1, 1000), np.float32), "tiny": tiny, "fine": _ref(),
+                 "scalar": np.zeros((), np.float32), "argmax": np.full((4,), 3, np.int64)}
+    weak = uninformative_outputs(reference, runs={"fused": {"tiny": tiny * 1.5}})
+    assert set(weak) == {"zeros", "tiny", "argmax", "scalar"}    # one value, or never over atol 1e-4
+    assert "peaks at 0," in weak["scalar"]                          # a single value is not "one value everywhere"
+    assert "is 0 at all 1000 values" in weak["zeros"] and "bisect" in weak["zeros"]
+    assert "under its atol 0.0001" in weak["tiny"] and "fused 5.0e-01" in weak["tiny"]
+    # a tighter tolerance for that output makes its comparison count again
+    assert "tiny" not in uninformative_outputs(reference, per_output={"tiny": Tolerance(1e-9, 1e-3)})
+
+
+def test_verify_warns_when_a_model_output_is_zero_whatever_the_input(tmp_path) -> None:
+    """A random-weight export whose last layer is zero-initialised (torchvision's ViT head) passes any build:
+    verify says so in its warnings (the verdict stands)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fuseguard.verify.core import verify_model
+
+    w = numpy_helper.from_array(np.zeros((16, 10), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "zero_head",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    verdict = verify_model(model, name="zero_head")
+    assert verdict.passed
+    assert any("zero_head: output 'y' is 0 at all 20 values" in w for w in verdict.warnings)
+    w2 = numpy_helper.from_array(np.random.default_rng(1).standard_normal((16, 10)).astype(np.float32), "w")
+    model.graph.initializer[0].CopyFrom(w2)
+    assert not any("output 'y'" in w for w in verify_model(model, name="informative").warnings)

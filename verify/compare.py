@@ -450,6 +450,43 @@ def compare_output(name: str, actual: np.ndarray, reference: np.ndarray, toleran
     )
 
 
+def uninformative_outputs(reference: Mapping[str, Any], tolerances: Tolerances = None,
+                          per_output: Mapping[str, Tolerance] | None = None,
+                          runs: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
+    """Reference outputs whose comparison cannot catch a wrong result, name -> why: one value everywhere (a
+    zero-initialised layer of a random-weight model: torchvision's ViT head, HF MobileViT's last stage), or
+    floats that never exceed their absolute tolerance (an all-zero result would pass too; EfficientNetV2-S
+    with random weights peaks at 3e-6 against float32's atol 1e-4). ``runs`` (label -> outputs) adds each
+    run's largest error relative to the output's peak, which is what still tells there."""
+    found: dict[str, str] = {}
+    for name, value in reference.items():
+        r = _to_numpy(value)
+        if r.size == 0 or r.dtype.kind not in "biuf":
+            continue
+        finite = r[np.isfinite(r)] if r.dtype.kind == "f" else r
+        if finite.size == 0:
+            continue
+        if r.size > 1 and finite.size == r.size and finite.min() == finite.max():
+            found[name] = (f"output {name!r} is {finite.flat[0]:g} at all {r.size} values in the reference run: equal "
+                           f"results cannot show a wrong one (a zero-initialised layer in a random-weight model?); "
+                           f"compare the intermediates with `fuseguard bisect`")
+            continue
+        if r.dtype.kind != "f":
+            continue
+        tol = resolve_tolerance(name, r.dtype, tolerances, per_output)
+        peak = float(np.abs(finite).max())
+        if peak > tol.atol:
+            continue
+        rel = ""
+        if runs:
+            parts = [f"{label} {float(np.abs(_to_numpy(out[name]).astype(np.float64) - r).max()) / peak:.1e}"
+                     for label, out in runs.items() if name in out and peak > 0]
+            rel = f"; largest error relative to that peak: {', '.join(parts)}" if parts else ""
+        found[name] = (f"output {name!r} peaks at {peak:.3g}, under its atol {tol.atol:g}: an all-zero result would "
+                       f"pass too (--output-tol {name}=ATOL sets a tighter one){rel}")
+    return found
+
+
 def compare_outputs(actual: Mapping[str, Any] | Sequence[Any], reference: Mapping[str, Any] | Sequence[Any],
                     tolerances: Tolerances = None, per_output: Mapping[str, Tolerance] | None = None,
                     nan_equal: bool = False, check_dtype: bool = True) -> CompareResult:
