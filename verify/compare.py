@@ -469,7 +469,7 @@ def uninformative_outputs(reference: Mapping[str, Any], tolerances: Tolerances =
         if r.size > 1 and finite.size == r.size and finite.min() == finite.max():
             found[name] = (f"output {name!r} is {finite.flat[0]:g} at all {r.size} values in the reference run: equal "
                            f"results cannot show a wrong one (a zero-initialised layer in a random-weight model?); "
-                           f"compare the intermediates with `fuseguard bisect`")
+                           f"re-initialise it, or verify up to an intermediate tensor (onnx.utils.extract_model)")
             continue
         if r.dtype.kind != "f":
             continue
