@@ -167,6 +167,40 @@ def test_dropped_bias_in_gelu_group_is_named_and_reproduced(bert, tmp_path: Path
     assert verify_model(repro.model, inputs_file=repro.inputs, options=NO_SCHED).passed
 
 
+def _zero_head(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its output multiplied by a zero matrix: all zeros whatever the input, as a random-weight
+    export with a zero-initialised head (torchvision's ViT) is."""
+    from onnx import helper, numpy_helper
+
+    out = model.graph.output[0]
+    hidden = out.type.tensor_type.shape.dim[-1].dim_value
+    zeroed = onnx.ModelProto()
+    zeroed.CopyFrom(model)
+    zeroed.graph.initializer.append(numpy_helper.from_array(np.zeros((hidden, 4), np.float32), "zero_head_w"))
+    zeroed.graph.node.append(helper.make_node("MatMul", [out.name, "zero_head_w"], ["head"], name="zero_head"))
+    del zeroed.graph.output[:]
+    dims = [d.dim_value or d.dim_param for d in out.type.tensor_type.shape.dim][:-1] + [4]
+    zeroed.graph.output.append(helper.make_tensor_value_info("head", onnx.TensorProto.FLOAT, dims))
+    return zeroed
+
+
+def test_a_fusion_bug_behind_an_all_zero_output_is_still_found(bert, tmp_path: Path) -> None:
+    """The dropped bias of the GELU group changes nothing the output shows (it is 0 whatever the input): bisect
+    compares every intermediate instead of stopping at outputs that agree, and names the group; the same model
+    without the bug is "no drift" with its intermediates counted."""
+    model = _zero_head(bert)
+    perturb = Perturb("gelu_drop_bias", "matmul_bias_gelu", drop_bias)
+    options = CompileOptions(schedule=False, extra_passes=(("after_fusion", perturb),))
+    result = bisect_model(model, options=options, out_dir=tmp_path, confirm=False)
+    assert result.fused_vs_reference and result.unfused_vs_reference      # the outputs agree: all zeros
+    assert not result and result.exit_code == EXIT_DRIFT, result.summary()
+    c = result.culprit
+    assert c is not None and c.blame == BLAME_FUSION and c.pattern == "matmul_bias_gelu"
+    assert any("cannot show a wrong result" in n for n in result.notes)
+    clean = bisect_model(model, options=NO_SCHED, out_dir=tmp_path / "clean", confirm=False)
+    assert clean and clean.compared > 10 and "intermediates too" in clean.summary()
+
+
 @pytest.mark.parametrize("pattern, rewrite, op_type, disabled", [
     # Same group as the dropped-bias case, a subtler error (~5e-4): slow-marked to keep the default run short.
     pytest.param("matmul_bias_gelu", erf_to_tanh, "Erf", frozenset(), marks=pytest.mark.slow),

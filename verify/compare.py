@@ -469,7 +469,7 @@ def uninformative_outputs(reference: Mapping[str, Any], tolerances: Tolerances =
         if r.size > 1 and finite.size == r.size and finite.min() == finite.max():
             found[name] = (f"output {name!r} is {finite.flat[0]:g} at all {r.size} values in the reference run: equal "
                            f"results cannot show a wrong one (a zero-initialised layer in a random-weight model?); "
-                           f"re-initialise it, or verify up to an intermediate tensor (onnx.utils.extract_model)")
+                           f"`fuseguard bisect` compares every intermediate then")
             continue
         if r.dtype.kind != "f":
             continue
@@ -483,7 +483,8 @@ def uninformative_outputs(reference: Mapping[str, Any], tolerances: Tolerances =
                      for label, out in runs.items() if name in out and peak > 0]
             rel = f"; largest error relative to that peak: {', '.join(parts)}" if parts else ""
         found[name] = (f"output {name!r} peaks at {peak:.3g}, under its atol {tol.atol:g}: an all-zero result would "
-                       f"pass too (--output-tol {name}=ATOL sets a tighter one){rel}")
+                       f"pass too (--output-tol {name}=ATOL sets a tighter one; `fuseguard bisect` compares every "
+                       f"intermediate){rel}")
     return found
 
 

@@ -85,7 +85,9 @@ class BisectResult:
         if self.status == "untestable":
             return f"{self.model}: cannot be tested: {self.error}"
         if self.status == "no-drift":
-            return f"{self.model}: no drift (fused, unfused and ONNX Runtime agree; {self.builds} builds, {self.seconds:.1f} s)"
+            also = f", {self.compared} intermediates too" if self.compared else ""
+            return (f"{self.model}: no drift (fused, unfused and ONNX Runtime agree{also}; {self.builds} builds, "
+                    f"{self.seconds:.1f} s)")
         if self.culprit is None:
             return f"{self.model}: drift, not localised ({'; '.join(self.notes) or 'no kernel diverged'})"
         c = self.culprit
