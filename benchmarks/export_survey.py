@@ -23,6 +23,10 @@ os.makedirs(out, exist_ok=True)
 
 def export(name, model, args, names, dynamo=False):
     model.eval()
+    with torch.no_grad():   # a zero-initialised weight (torchvision ViT's head) makes an output constant: vacuous checks
+        for pname, prm in model.named_parameters():
+            if not pname.endswith("bias") and prm.numel() > 1 and prm.abs().max() == 0:
+                torch.nn.init.normal_(prm, std=0.02) if prm.dim() > 1 else torch.nn.init.ones_(prm)
     try:
         with torch.no_grad():
             if dynamo:
@@ -46,9 +50,32 @@ for v in vis:
     m = getattr(torchvision.models, v)(weights=None, **kw)
     export(v, m, (torch.randn(1, 3, 224, 224),), ["input"])
 
+class Out(torch.nn.Module):
+    """Segmentation models return a dict: export its "out"."""
+    def __init__(self, base): super().__init__(); self.base = base
+    def forward(self, x): return self.base(x)["out"]
+
+# Second survey (2026-12-05): segmentation, video, bigger ViTs
+seg, img = torchvision.models.segmentation, (torch.randn(1, 3, 224, 224),)
+for name, build, args in [
+        ("lraspp_mobilenet_v3", lambda: Out(seg.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None)), img),
+        ("deeplabv3_mobilenet_v3", lambda: Out(seg.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                                                aux_loss=False)), img),
+        ("fcn_resnet50", lambda: Out(seg.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False)), img),
+        ("r3d_18", lambda: torchvision.models.video.r3d_18(weights=None), (torch.randn(1, 3, 8, 112, 112),)),
+        ("efficientnet_v2_s", lambda: torchvision.models.efficientnet_v2_s(weights=None), img),
+        ("swin_v2_t", lambda: torchvision.models.swin_v2_t(weights=None), img),
+        ("maxvit_t", lambda: torchvision.models.maxvit_t(weights=None), img),
+        ("vit_b_32", lambda: torchvision.models.vit_b_32(weights=None), img)]:
+    if not want or name in want:
+        export(name, build(), args, ["input"])
+
 class Wrap(torch.nn.Module):
     def __init__(self, base, kw): super().__init__(); self.base = base; self.kw = kw
-    def forward(self, *a): return self.base(*a, **self.kw)[0]
+    def forward(self, *a):
+        if len(a) == 2 and self.kw.get("use_cache") is False:   # decoder models: the mask by name, not as the cache
+            return self.base(a[0], attention_mask=a[1], **self.kw)[0]
+        return self.base(*a, **self.kw)[0]
 
 def hf(name, base, args, names, **kw):
     if want and name not in want: return
@@ -68,3 +95,27 @@ hf("whisper_enc", tf.WhisperModel(wcfg).encoder, (torch.randn(1, 80, 3000),), ["
 w2 = tf.Wav2Vec2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, conv_dim=(128,)*7, num_conv_pos_embeddings=32, num_conv_pos_embedding_groups=4)
 hf("wav2vec2", tf.Wav2Vec2Model(w2), (torch.randn(1, 16000),), ["input_values"])
 hf("vit_hf", tf.ViTModel(tf.ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, image_size=224, patch_size=16), add_pooling_layer=False), (torch.randn(1, 3, 224, 224),), ["pixel_values"])
+
+# Second survey (2026-12-05): more encoders, decoders, vision and speech models
+small = dict(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
+             max_position_embeddings=128)
+hf("mobilebert", tf.MobileBertModel(tf.MobileBertConfig(**small, embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64), add_pooling_layer=False), (ids, mask), ["input_ids", "attention_mask"])
+hf("electra", tf.ElectraModel(tf.ElectraConfig(**small, embedding_size=64)), (ids, mask), ["input_ids", "attention_mask"])
+hf("deberta_v2", tf.DebertaV2Model(tf.DebertaV2Config(**small, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)), (ids, mask), ["input_ids", "attention_mask"])
+hf("bart", tf.BartModel(tf.BartConfig(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=128)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("gpt_neo", tf.GPTNeoModel(tf.GPTNeoConfig(vocab_size=1000, hidden_size=128, num_layers=2, num_heads=2, attention_types=[[["global", "local"], 1]], window_size=16, max_position_embeddings=128)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("bloom", tf.BloomModel(tf.BloomConfig(vocab_size=1000, hidden_size=128, n_layer=2, n_head=2)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("phi", tf.PhiModel(tf.PhiConfig(**small, partial_rotary_factor=0.5)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("mistral", tf.MistralModel(tf.MistralConfig(**small, num_key_value_heads=1, sliding_window=16)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("gemma", tf.GemmaModel(tf.GemmaConfig(**small, num_key_value_heads=1, head_dim=64)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+hf("falcon", tf.FalconModel(tf.FalconConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False)), (ids, mask), ["input_ids", "attention_mask"], use_cache=False)
+px, wav = torch.randn(1, 3, 224, 224), torch.randn(1, 16000)
+hf("mobilevit", tf.MobileViTModel(tf.MobileViTConfig(image_size=224, hidden_sizes=[64, 80, 96], neck_hidden_sizes=[16, 32, 48, 64, 80, 96, 384])), (px,), ["pixel_values"])
+hf("segformer", tf.SegformerModel(tf.SegformerConfig(hidden_sizes=[32, 64, 160, 256], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 5, 8], decoder_hidden_size=128)), (px,), ["pixel_values"])
+hf("convnextv2", tf.ConvNextV2Model(tf.ConvNextV2Config(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1])), (px,), ["pixel_values"])
+hf("levit", tf.LevitModel(tf.LevitConfig(image_size=224)), (px,), ["pixel_values"])
+hf("beit", tf.BeitModel(tf.BeitConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, use_relative_position_bias=True), add_pooling_layer=False), (px,), ["pixel_values"])
+hf("dinov2", tf.Dinov2Model(tf.Dinov2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=4, image_size=224, patch_size=14)), (px,), ["pixel_values"])
+hf("clip_vision", tf.CLIPVisionModel(tf.CLIPVisionConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, image_size=224, patch_size=32)), (px,), ["pixel_values"])
+hf("hubert", tf.HubertModel(tf.HubertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, conv_dim=(128,)*7, num_conv_pos_embeddings=32, num_conv_pos_embedding_groups=4)), (wav,), ["input_values"])
+hf("wavlm", tf.WavLMModel(tf.WavLMConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, conv_dim=(128,)*7, num_conv_pos_embeddings=32, num_conv_pos_embedding_groups=4)), (wav,), ["input_values"])
