@@ -316,6 +316,62 @@ def Conv1dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     return recognize(mod, pattern, rewrite, "Conv")[0]
 
 
+@tvm.transform.module_pass(opt_level=0, name="Conv3dAsConv2d")
+def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """conv3d -> one conv2d per temporal tap, over the frames as a batch, summed: exact up to summation order.
+
+    ``y[:, :, t] = sum_k conv2d(x[:, :, t * st + k * dt], w[:, :, k])``: the (padded) input viewed as
+    [N, D, C, H, W], each tap a strided slice of its frames reshaped to [N * D_out, C, H, W]. No CPU rule
+    schedules conv3d: torchvision's R3D-18 (1x3x8x112x112) ran one process of `fuseguard bench` for over
+    five minutes, TVM's generic loops at a few GFLOP/s (Sapphire Rapids). As conv2d the taps take the conv
+    kernels, the conv patterns (a tap's sum is a residual add) and the layout step. Static shapes, constant
+    weights and the NCDHW layout only; anything else keeps conv3d.
+    """
+    from tvm.relax.dpl import is_op, wildcard
+
+    x, weight = wildcard(), wildcard()
+    pattern = is_op("relax.nn.conv3d")(x, weight)
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        call = m[pattern]
+        attrs = call.attrs
+        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCDHW", "OIDHW", "NCDHW"):
+            return None
+        dims, wdims = static_dims(m[x]), static_dims(m[weight])
+        if dims is None or len(dims) != 5 or wdims is None or not _is_const(m[weight]):
+            return None
+        n, c, d, h, w_ = dims
+        kd = wdims[2]
+        st, sh, sw = (int(v) for v in attrs.strides)
+        dd, dh, dw = (int(v) for v in attrs.dilation)
+        front, top, left, back, bottom, right = (int(v) for v in attrs.padding)
+        d_out = (d + front + back - dd * (kd - 1) - 1) // st + 1
+        if d_out < 1:
+            return None
+        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
+        data = m[x]
+        if front or back:
+            data = relax.op.nn.pad(data, [0, 0, 0, 0, front, back, 0, 0, 0, 0])
+        frames = relax.op.permute_dims(data, [0, 2, 1, 3, 4])                    # [N, D, C, H, W]
+        w_np = _np(m[weight])
+        total = None
+        for k in range(kd):
+            taps = relax.op.strided_slice(frames, axes=[1], begin=[k * dd], end=[k * dd + (d_out - 1) * st + 1],
+                                          strides=[st])
+            conv = relax.op.nn.conv2d(relax.op.reshape(taps, (n * d_out, c, h, w_)),
+                                      relax.const(np.ascontiguousarray(w_np[:, :, k]), str(w_np.dtype)),
+                                      strides=(sh, sw), padding=(top, left, bottom, right), dilation=(dh, dw),
+                                      groups=int(attrs.groups), out_dtype=out_dtype)
+            total = conv if total is None else relax.op.add(total, conv)
+        out = static_dims(call)
+        if out is None:
+            return None
+        _, o, ho, wo = out[0], out[1], out[3], out[4]
+        return relax.op.permute_dims(relax.op.reshape(total, (n, d_out, o, ho, wo)), [0, 2, 1, 3, 4])
+
+    return recognize(mod, pattern, rewrite, "Conv")[0]
+
+
 #: Elementwise ops a height-1 conv's output may pass through and stay 4-D (GELU as exporters write it:
 #: divide, erf, add, multiply; ReLU; SiLU; ...).
 _UNARY_EW = frozenset({"relax.erf", "relax.tanh", "relax.sigmoid", "relax.exp", "relax.sqrt", "relax.negative",

@@ -300,3 +300,32 @@ def test_elementwise_ops_between_conv1ds_keep_the_blocked_layout(always_block: N
         built = compile_model(load(model, None, name="conv1d"), options=CompileOptions(fusion=fusion))
         np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
         assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
+
+
+@pytest.mark.parametrize("k, strides, pads, dilations, groups", [
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), 1),       # R3D's 3x3x3 block conv
+    ((3, 7, 7), (1, 2, 2), (1, 3, 3, 1, 3, 3), (1, 1, 1), 1),       # its stem
+    ((1, 1, 1), (2, 2, 2), (0, 0, 0, 0, 0, 0), (1, 1, 1), 1),       # the strided 1x1x1 downsample
+    ((3, 3, 3), (2, 1, 1), (2, 1, 1, 0, 1, 1), (2, 1, 1), 2),       # temporal stride, dilation, asymmetric pad, groups
+], ids=["block", "stem", "downsample", "dilated_grouped"])
+def test_conv3d_runs_as_conv2d_taps_on_the_conv_kernels(k, strides, pads, dilations, groups) -> None:
+    """conv3d (no CPU rule schedules it: R3D-18 ran minutes a batch) as one conv2d per temporal tap over the
+    frames, summed: ONNX Runtime's result, fused and unfused, and every tap is a blocked conv."""
+    rng = np.random.default_rng(0)
+    cin, cout, shape = 8, 16, [1, 8, 7, 11, 10]
+    inits = [numpy_helper.from_array((rng.standard_normal((cout, cin // groups, *k)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=list(k), strides=list(strides),
+                              pads=list(pads), dilations=list(dilations), group=groups),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for fusion in (True, False):
+        built = compile_model(load(model, None, name="video"), options=CompileOptions(fusion=fusion))
+        np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
+        assert "conv3d" not in str(built.report.to_dict())
+        if groups == 1:             # 4 channels a group are no whole block of 16: that one stays NCHW
+            assert f"{k[0]} of {k[0]} convs" in built.report.layout, built.report.layout
