@@ -637,6 +637,7 @@ class _Replacer(relax.PyExprMutator):
         self.mod_ = mod
         self.replacements, self.spec = replacements, spec
         self.calls: list[tuple[str, str]] = []      # (kernel, composite) per replaced call, in order
+        self.refused: list[str] = []                # composites whose replacement returned None
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         call = binding.value
@@ -650,20 +651,22 @@ class _Replacer(relax.PyExprMutator):
                     self.calls.append((new.args[0].name_hint, call.op.name_hint))
                 self.set_var_remap(binding.var, var)
                 return
+            self.refused.append(call.op.name_hint)
         super().visit_var_binding_(binding)
 
 
 def apply_replacements(mod: tvm.IRModule, replacements: dict,
-                       spec) -> tuple[tvm.IRModule, list[tuple[str, str]]]:
+                       spec) -> tuple[tvm.IRModule, list[tuple[str, str]], list[str]]:
     """Replace calls of composite functions by hand-written kernels.
 
     `replacements` maps a composite function name to `fn(builder, function, args, spec) -> expr | None`.
-    Returns the module (unused composites removed) and (kernel PrimFunc name, composite name) per replaced
+    Returns the module (unused composites removed), (kernel PrimFunc name, composite name) per replaced
     call in `main`'s order: identical calls share one kernel (ViT's 12 attention layers), so only the
-    order tells which composite, and so which ONNX nodes, a call stands for.
+    order tells which composite, and so which ONNX nodes, a call stands for; and the composites whose
+    replacement refused them (left as they were).
     """
     if not replacements:
-        return mod, []
+        return mod, [], []
     rep = _Replacer(mod, replacements, spec)
     main = mod.get_global_var("main")
     rep.builder_.update_func(main, rep.visit_expr(mod["main"]))
@@ -672,4 +675,4 @@ def apply_replacements(mod: tvm.IRModule, replacements: dict,
         gv = out.get_global_var(name)
         out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", composite)
     out = relax.transform.DeadCodeElimination(["main"])(out)
-    return out, rep.calls
+    return out, rep.calls, rep.refused
