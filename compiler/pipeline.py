@@ -10,6 +10,7 @@
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        Conv1dAsConv2d               conv1d as a height-1 conv2d (audio front ends: no conv1d kernel)
        Conv3dAsConv2d               conv3d as one conv2d per temporal tap over the frames, summed (video)
+       DropPaddingTaps              kernel rows/columns that only ever read zero padding cut off (ASPP)
        KeepConv1dChains4D           elementwise ops between two such convs stay 4-D (the layout passes through)
     1b fold_fake_quant              int8 QDQ: each Quantize->Dequantize pair as exact fp32 arithmetic on the
                                     integer grid, so the layout and fusion see through it (compiler/qdq.py)  [qdq]
@@ -76,7 +77,7 @@ from .int8_gemm import integer_matmuls
 from .schedule.cpu_matmul_int8 import supported as int8_supported
 from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
 from .precision import check as precision_check, dtype_census, to_precision
-from .passes import Conv1dAsConv2d, Conv3dAsConv2d, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
+from .passes import Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -471,7 +472,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         int8_matmuls, int8_quantizes = found
     mod = stage("fold_constant", [FoldConstantMoves, FoldEmptyReductions, T.FoldConstant()], mod)
     mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, Conv1dAsConv2d, Conv3dAsConv2d,
-                              KeepConv1dChains4D], mod)
+                              DropPaddingTaps, KeepConv1dChains4D], mod)
     if options.qdq:
         qdq_summary: list[QdqSummary] = []
 

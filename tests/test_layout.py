@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from fuseguard.compiler import layout
@@ -329,3 +330,41 @@ def test_conv3d_runs_as_conv2d_taps_on_the_conv_kernels(k, strides, pads, dilati
         assert "conv3d" not in str(built.report.to_dict())
         if groups == 1:             # 4 channels a group are no whole block of 16: that one stays NCHW
             assert f"{k[0]} of {k[0]} convs" in built.report.layout, built.report.layout
+
+
+@pytest.mark.parametrize("dilation, pads, strides, kernel", [
+    ((24, 24), (24, 24, 24, 24), (1, 1), (1, 1)),       # DeepLabV3's ASPP at rate 24 on 14x14: only the centre
+    ((36, 12), (36, 12, 36, 12), (1, 1), (1, 3)),       # rows cut, columns partly live: a 1x3 kernel is left
+    ((12, 12), (12, 12, 12, 12), (1, 1), (3, 3)),       # every tap reads the input somewhere: unchanged
+    ((1, 1), (5, 5, 5, 5), (2, 2), (3, 3)),             # no dilation, padding that every tap still reaches
+    ((20, 20), (20, 20, 20, 20), (2, 2), (1, 1)),       # strided
+], ids=["aspp24", "rows_only", "aspp12", "plain", "strided"])
+def test_kernel_taps_that_only_read_padding_are_cut_off(dilation, pads, strides, kernel) -> None:
+    """DropPaddingTaps: a 3x3 conv whose off-centre taps land in the zero padding for every output computes
+    what its live taps compute; the result is ONNX Runtime's, fused and unfused, and the kernel left is the
+    live taps only."""
+    from fuseguard.compiler.importer import import_model
+    from fuseguard.compiler.passes import DropPaddingTaps, static_dims
+
+    rng = np.random.default_rng(0)
+    shape = [1, 16, 14, 14]
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=list(strides),
+                              pads=list(pads), dilations=list(dilation))]
+    graph = helper.make_graph(nodes, "aspp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for fusion in (True, False):
+        built = compile_model(load(model, None, name="aspp"), options=CompileOptions(fusion=fusion))
+        np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
+    convs: list[tuple[int, ...]] = []
+
+    def visit(e) -> None:
+        if isinstance(e, tvm.relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d":
+            convs.append(tuple(static_dims(e.args[1])))
+
+    mod = DropPaddingTaps(import_model(load(model, None, name="aspp")).mod)
+    tvm.relax.analysis.post_order_visit(mod["main"].body, visit)
+    assert set(convs) == {(16, 16, *kernel)}
