@@ -77,7 +77,8 @@ from .int8_gemm import integer_matmuls
 from .schedule.cpu_matmul_int8 import supported as int8_supported
 from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
 from .precision import check as precision_check, dtype_census, to_precision
-from .passes import Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, KeepConv1dChains4D, FoldBatchNorm, FoldConstantMoves, NormalizeFlattenedGemm, apply_replacements
+from .passes import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves,
+                     KeepConv1dChains4D, NormalizeFlattenedGemm, apply_replacements)
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
