@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
@@ -285,6 +285,29 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
     return recognize(mod, pattern, rewrite, "Pow")[0]
 
 
+def _out_dtype(attrs) -> str | None:  # noqa: ANN001 - a conv's attrs
+    """A conv's explicit output dtype, or None for "the input's"."""
+    return str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
+
+
+def _rewrite_convs(mod: tvm.IRModule, op: str, layouts: tuple[str, ...],
+                   rewrite: Callable[[relax.Call, relax.Expr, relax.Expr], relax.Expr | None]) -> tvm.IRModule:
+    """Every `op(x, w)` whose (data, kernel[, output]) layouts are `layouts` through `rewrite(call, x, w)`; a
+    None keeps the call."""
+    from tvm.relax.dpl import is_op, wildcard
+
+    x, weight = wildcard(), wildcard()
+    pattern = is_op(op)(x, weight)
+
+    def checked(m: dict) -> relax.Expr | None:
+        a = m[pattern].attrs
+        if (a.data_layout, a.kernel_layout, a.out_layout)[:len(layouts)] != layouts:
+            return None
+        return rewrite(m[pattern], m[x], m[weight])
+
+    return recognize(mod, pattern, checked, "Conv")[0]
+
+
 @tvm.transform.module_pass(opt_level=0, name="Conv1dAsConv2d")
 def Conv1dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
     """conv1d(x, w) -> squeeze(conv2d(x[:, :, None], w[:, :, None]), 2): a height-1 conv2d, exact.
@@ -293,27 +316,18 @@ def Conv1dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     Whisper's two) ran at ~2 GFLOP/s, Wav2Vec2 30x ONNX Runtime (Sapphire Rapids). As conv2d they take the
     conv kernels, the conv patterns and the layout step.
     """
-    from tvm.relax.dpl import is_op, wildcard
-
-    x, weight = wildcard(), wildcard()
-    pattern = is_op("relax.nn.conv1d")(x, weight)
-
-    def rewrite(m: dict) -> relax.Expr | None:
-        call = m[pattern]
+    def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
-        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "OIW", "NCW"):
-            return None
-        if static_dims(m[weight]) is None or len(shape_dims(m[x]) or []) != 3:
+        if static_dims(weight) is None or len(shape_dims(x) or []) != 3:
             return None
         (stride,), (dilation,) = attrs.strides, attrs.dilation
         left, right = attrs.padding
-        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
-        conv = relax.op.nn.conv2d(relax.op.expand_dims(m[x], [2]), relax.op.expand_dims(m[weight], [2]),
+        conv = relax.op.nn.conv2d(relax.op.expand_dims(x, [2]), relax.op.expand_dims(weight, [2]),
                                   strides=(1, int(stride)), padding=(0, int(left), 0, int(right)),
-                                  dilation=(1, int(dilation)), groups=int(attrs.groups), out_dtype=out_dtype)
+                                  dilation=(1, int(dilation)), groups=int(attrs.groups), out_dtype=_out_dtype(attrs))
         return relax.op.squeeze(conv, [2])
 
-    return recognize(mod, pattern, rewrite, "Conv")[0]
+    return _rewrite_convs(mod, "relax.nn.conv1d", ("NCW", "OIW", "NCW"), rewrite)
 
 
 @tvm.transform.module_pass(opt_level=0, name="Conv3dAsConv2d")
@@ -327,18 +341,10 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     kernels, the conv patterns (a tap's sum is a residual add) and the layout step. Static shapes, constant
     weights and the NCDHW layout only; anything else keeps conv3d.
     """
-    from tvm.relax.dpl import is_op, wildcard
-
-    x, weight = wildcard(), wildcard()
-    pattern = is_op("relax.nn.conv3d")(x, weight)
-
-    def rewrite(m: dict) -> relax.Expr | None:
-        call = m[pattern]
+    def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
-        if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCDHW", "OIDHW", "NCDHW"):
-            return None
-        dims, wdims = static_dims(m[x]), static_dims(m[weight])
-        if dims is None or len(dims) != 5 or wdims is None or not _is_const(m[weight]):
+        dims, wdims = static_dims(x), static_dims(weight)
+        if dims is None or len(dims) != 5 or wdims is None or not _is_const(weight):
             return None
         n, c, d, h, w_ = dims
         kd = wdims[2]
@@ -348,12 +354,11 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
         d_out = (d + front + back - dd * (kd - 1) - 1) // st + 1
         if d_out < 1:
             return None
-        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
-        data = m[x]
+        data = x
         if front or back:
             data = relax.op.nn.pad(data, [0, 0, 0, 0, front, back, 0, 0, 0, 0])
         frames = relax.op.permute_dims(data, [0, 2, 1, 3, 4])                    # [N, D, C, H, W]
-        w_np = _np(m[weight])
+        w_np = _np(weight)
         total = None
         for k in range(kd):
             taps = relax.op.strided_slice(frames, axes=[1], begin=[k * dd], end=[k * dd + (d_out - 1) * st + 1],
@@ -361,7 +366,7 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
             conv = relax.op.nn.conv2d(relax.op.reshape(taps, (n * d_out, c, h, w_)),
                                       relax.const(np.ascontiguousarray(w_np[:, :, k]), str(w_np.dtype)),
                                       strides=(sh, sw), padding=(top, left, bottom, right), dilation=(dh, dw),
-                                      groups=int(attrs.groups), out_dtype=out_dtype)
+                                      groups=int(attrs.groups), out_dtype=_out_dtype(attrs))
             total = conv if total is None else relax.op.add(total, conv)
         out = static_dims(call)
         if out is None:
@@ -369,7 +374,7 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
         _, o, ho, wo = out[0], out[1], out[3], out[4]
         return relax.op.permute_dims(relax.op.reshape(total, (n, d_out, o, ho, wo)), [0, 2, 1, 3, 4])
 
-    return recognize(mod, pattern, rewrite, "Conv")[0]
+    return _rewrite_convs(mod, "relax.nn.conv3d", ("NCDHW", "OIDHW", "NCDHW"), rewrite)
 
 
 def _live_taps(size: int, out: int, stride: int, dilation: int, pad: int, kernel: int) -> tuple[int, int] | None:
@@ -388,17 +393,11 @@ def DropPaddingTaps(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
     the padding, so each is a 1x1 conv computed nine times over (torchvision deeplabv3_mobilenet_v3_large,
     960 -> 256 channels: 7.1 and 8.3 ms of a 30.7 ms model, ORT 12.5 ms for all of it; Sapphire Rapids).
     """
-    from tvm.relax.dpl import is_op, wildcard
-
-    x, weight = wildcard(), wildcard()
-    pattern = is_op("relax.nn.conv2d")(x, weight)
-
-    def rewrite(m: dict) -> relax.Expr | None:
-        call = m[pattern]
+    def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
-        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW") or not _is_const(m[weight]):
+        if not _is_const(weight):
             return None
-        dims, wdims, out = static_dims(m[x]), static_dims(m[weight]), static_dims(call)
+        dims, wdims, out = static_dims(x), static_dims(weight), static_dims(call)
         if dims is None or wdims is None or out is None or len(dims) != 4:
             return None
         (sh, sw), (dh, dw) = (int(v) for v in attrs.strides), (int(v) for v in attrs.dilation)
@@ -407,7 +406,7 @@ def DropPaddingTaps(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         cols = _live_taps(dims[3], out[3], sw, dw, left, wdims[3])
         if rows is None or cols is None or (rows == (0, wdims[2] - 1) and cols == (0, wdims[3] - 1)):
             return None
-        w_np = _np(m[weight])
+        w_np = _np(weight)
         if not np.isfinite(w_np).all():
             return None
         # the new padding keeps every output where it was: a negative leading one would need the input cropped
@@ -421,14 +420,13 @@ def DropPaddingTaps(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
                 (dims[3] + new_left + new_right - dw * (kw - 1) - 1) // sw + 1 != out[3]:
             return None
         cut = np.ascontiguousarray(w_np[:, :, rows[0]:rows[1] + 1, cols[0]:cols[1] + 1])
-        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None
-        return relax.op.nn.conv2d(m[x], relax.const(cut, str(w_np.dtype)), strides=(sh, sw),
+        return relax.op.nn.conv2d(x, relax.const(cut, str(w_np.dtype)), strides=(sh, sw),
                                   padding=(new_top, new_left, new_bottom, new_right),
                                   dilation=(dh if kh > 1 else 1, dw if kw > 1 else 1), groups=int(attrs.groups),
                                   data_layout="NCHW", kernel_layout="OIHW", out_layout=str(attrs.out_layout),
-                                  out_dtype=out_dtype)
+                                  out_dtype=_out_dtype(attrs))
 
-    return recognize(mod, pattern, rewrite, "Conv")[0]
+    return _rewrite_convs(mod, "relax.nn.conv2d", ("NCHW", "OIHW"), rewrite)
 
 
 #: Elementwise ops a height-1 conv's output may pass through and stay 4-D (GELU as exporters write it:

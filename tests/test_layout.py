@@ -303,6 +303,20 @@ def test_elementwise_ops_between_conv1ds_keep_the_blocked_layout(always_block: N
         assert "2 of 2 convs, 2 layout transforms" in built.report.layout, built.report.layout
 
 
+def _one_conv(shape: list[int], weight: np.ndarray, bias: np.ndarray | None, relu: bool,
+              **attrs) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """One ONNX Conv (+ bias, + Relu) on `shape`, a seeded input, and ONNX Runtime's result for it."""
+    inits = [numpy_helper.from_array(weight, "w")] + ([numpy_helper.from_array(bias, "b")] if bias is not None else [])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"][:len(inits) + 1], ["c" if relu else "y"], **attrs)]
+    nodes += [helper.make_node("Relu", ["c"], ["y"])] if relu else []
+    graph = helper.make_graph(nodes, "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return model, x, ref
+
+
 @pytest.mark.parametrize("k, strides, pads, dilations, groups", [
     ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), 1),       # R3D's 3x3x3 block conv
     ((3, 7, 7), (1, 2, 2), (1, 3, 3, 1, 3, 3), (1, 1, 1), 1),       # its stem
@@ -313,17 +327,11 @@ def test_conv3d_runs_as_conv2d_taps_on_the_conv_kernels(k, strides, pads, dilati
     """conv3d (no CPU rule schedules it: R3D-18 ran minutes a batch) as one conv2d per temporal tap over the
     frames, summed: ONNX Runtime's result, fused and unfused, and every tap is a blocked conv."""
     rng = np.random.default_rng(0)
-    cin, cout, shape = 8, 16, [1, 8, 7, 11, 10]
-    inits = [numpy_helper.from_array((rng.standard_normal((cout, cin // groups, *k)) * 0.2).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=list(k), strides=list(strides),
-                              pads=list(pads), dilations=list(dilations), group=groups),
-             helper.make_node("Relu", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    x = rng.standard_normal(shape).astype(np.float32)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cin, cout = 8, 16
+    w = (rng.standard_normal((cout, cin // groups, *k)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    model, x, ref = _one_conv([1, cin, 7, 11, 10], w, bias, True, kernel_shape=list(k), strides=list(strides),
+                              pads=list(pads), dilations=list(dilations), group=groups)
     for fusion in (True, False):
         built = compile_model(load(model, None, name="video"), options=CompileOptions(fusion=fusion))
         np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
@@ -346,16 +354,9 @@ def test_kernel_taps_that_only_read_padding_are_cut_off(dilation, pads, strides,
     from fuseguard.compiler.importer import import_model
     from fuseguard.compiler.passes import DropPaddingTaps, static_dims
 
-    rng = np.random.default_rng(0)
-    shape = [1, 16, 14, 14]
-    inits = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=list(strides),
-                              pads=list(pads), dilations=list(dilation))]
-    graph = helper.make_graph(nodes, "aspp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    x = rng.standard_normal(shape).astype(np.float32)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    w = (np.random.default_rng(0).standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
+    model, x, ref = _one_conv([1, 16, 14, 14], w, None, False, kernel_shape=[3, 3], strides=list(strides),
+                              pads=list(pads), dilations=list(dilation))
     for fusion in (True, False):
         built = compile_model(load(model, None, name="aspp"), options=CompileOptions(fusion=fusion))
         np.testing.assert_allclose(built.run({"x": x})[0], ref, rtol=RTOL, atol=ATOL)
