@@ -343,8 +343,8 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     """
     def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
-        dims, wdims = static_dims(x), static_dims(weight)
-        if dims is None or len(dims) != 5 or wdims is None or not _is_const(weight):
+        dims, wdims, out = static_dims(x), static_dims(weight), static_dims(call)
+        if dims is None or len(dims) != 5 or wdims is None or out is None or not _is_const(weight):
             return None
         n, c, d, h, w_ = dims
         kd = wdims[2]
@@ -368,11 +368,7 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
                                       strides=(sh, sw), padding=(top, left, bottom, right), dilation=(dh, dw),
                                       groups=int(attrs.groups), out_dtype=_out_dtype(attrs))
             total = conv if total is None else relax.op.add(total, conv)
-        out = static_dims(call)
-        if out is None:
-            return None
-        _, o, ho, wo = out[0], out[1], out[3], out[4]
-        return relax.op.permute_dims(relax.op.reshape(total, (n, d_out, o, ho, wo)), [0, 2, 1, 3, 4])
+        return relax.op.permute_dims(relax.op.reshape(total, (n, d_out, out[1], out[3], out[4])), [0, 2, 1, 3, 4])
 
     return _rewrite_convs(mod, "relax.nn.conv3d", ("NCDHW", "OIDHW", "NCDHW"), rewrite)
 

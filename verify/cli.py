@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="threads for TVM and ORT alike (default: all cores)")
     b.add_argument("--repeats", type=positive_int, default=7, help="timed runs per contender and process after "
                                                                   "warm-up, at least (default 7)")
-    b.add_argument("--sample-ms", type=non_negative_float, default=None, metavar="MS",
+    b.add_argument("--sample-ms", type=non_negative_float, default=SAMPLE_BUDGET_S * 1e3, metavar="MS",
                    help="more rounds until each contender was sampled this long in a process (default "
                         f"{SAMPLE_BUDGET_S * 1e3:g}; 0: exactly --repeats; not with --thread-pools deployed)")
     b.add_argument("--processes", type=positive_int, default=3, metavar="N",
@@ -530,11 +530,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     from .bench import MAX_PROCESSES, aggregate, needs_more, unresolved_note
     from .progress import Progress
-    from .timing import SAMPLE_BUDGET_S
 
     target = args.halfwidth / 100 if args.halfwidth else None
     most = max(args.max_processes or MAX_PROCESSES, args.processes)
-    sample_s = SAMPLE_BUDGET_S if args.sample_ms is None else args.sample_ms / 1e3
+    sample_s = args.sample_ms / 1e3
 
     import time
 

@@ -121,10 +121,11 @@ class Samples:
         return f"median {self.median_ms:.4g} ms, IQR {self.iqr_ms:.3g} ms, n={self.n}{threads}{tail}"
 
 
-def _check(warmup: int, repeats: int, min_time_s: float, max_rounds: int) -> None:
-    if warmup < 0 or repeats < 1 or max_rounds < repeats or not (math.isfinite(min_time_s) and min_time_s >= 0):
-        raise UsageError(f"measure: need warmup >= 0, repeats >= 1, max_rounds >= repeats, min_time_s >= 0; "
-                         f"got {warmup}, {repeats}, {max_rounds}, {min_time_s}")
+def _check(warmup: int, repeats: int, min_time_s: float, max_rounds: int, min_sampled_s: float = 0.0) -> None:
+    if warmup < 0 or repeats < 1 or max_rounds < repeats or not all(
+            math.isfinite(v) and v >= 0 for v in (min_time_s, min_sampled_s)):
+        raise UsageError(f"measure: need warmup >= 0, repeats >= 1, max_rounds >= repeats, min_time_s >= 0, "
+                         f"min_sampled_s >= 0; got {warmup}, {repeats}, {max_rounds}, {min_time_s}, {min_sampled_s}")
 
 
 def _timed(fn: Callable[[], object], inner: int, sync: Callable[[], object] | None) -> int:
@@ -207,9 +208,7 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
     another's run (see :data:`NO_SPIN_ENV` for what that theft costs).
     """
     rounds_cap = 4 * repeats if max_rounds is None else max_rounds
-    _check(warmup, repeats, min_time_s, rounds_cap)
-    if not (math.isfinite(min_sampled_s) and min_sampled_s >= 0):
-        raise UsageError(f"measure: need min_sampled_s >= 0, got {min_sampled_s}")
+    _check(warmup, repeats, min_time_s, rounds_cap, min_sampled_s)
     budget_cap = max(rounds_cap, BUDGET_MAX_ROUNDS) if min_sampled_s > 0 else 0
     if not fns:
         raise UsageError("measure_interleaved: no functions to measure")
