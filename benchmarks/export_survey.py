@@ -2,7 +2,7 @@
 weights kept) to check fuseguard on models the repo does not carry.
 
     pip install -e ".[zoo]"
-    python benchmarks/export_survey.py [NAME...]          # writes $FUSEGUARD_SURVEY_DIR (default /tmp/extra)
+    python benchmarks/export_survey.py [--dynamo] [NAME...]   # writes $FUSEGUARD_SURVEY_DIR (default /tmp/extra)
     fuseguard verify /tmp/extra/*.onnx && fuseguard bench /tmp/extra/*.onnx --processes 2 --repeats 8
 
 Not part of any test: the models are large and need torch (~5 GB).
@@ -21,7 +21,9 @@ torch.backends.mha.set_fastpath_enabled(False)
 out = os.environ.get("FUSEGUARD_SURVEY_DIR", "/tmp/extra")
 os.makedirs(out, exist_ok=True)
 
-def export(name, model, args, names, dynamo=False):
+DYNAMO = "--dynamo" in sys.argv    # the exporter torch >= 2.9 uses by default, at its default opset: NAME_dynamo.onnx
+
+def export(name, model, args, names, dynamo=DYNAMO):
     model.eval()
     with torch.no_grad():   # a zero-initialised weight (torchvision ViT's head) makes an output constant: vacuous checks
         for pname, prm in model.named_parameters():
@@ -30,8 +32,8 @@ def export(name, model, args, names, dynamo=False):
     try:
         with torch.no_grad():
             if dynamo:
-                prog = torch.onnx.export(model, args, input_names=names, output_names=["output"], opset_version=18, dynamo=True)
-                prog.optimize(); proto = prog.model_proto
+                prog = torch.onnx.export(model, args, input_names=names, output_names=["output"], dynamo=True)
+                prog.optimize(); proto = prog.model_proto; name += "_dynamo"
             else:
                 buf = io.BytesIO()
                 torch.onnx.export(model, args, buf, input_names=names, output_names=["output"], opset_version=17, dynamo=False, do_constant_folding=True)
@@ -41,7 +43,7 @@ def export(name, model, args, names, dynamo=False):
     except Exception as e:
         print(name, "FAILED", type(e).__name__, str(e).splitlines()[0][:200], flush=True)
 
-want = set(sys.argv[1:])
+want = set(sys.argv[1:]) - {"--dynamo"}
 vis = ["resnext50_32x4d", "convnext_tiny", "regnet_y_400mf", "mnasnet1_0", "mobilenet_v3_large", "googlenet",
        "squeezenet1_1", "swin_t", "efficientnet_b1", "regnet_x_800mf", "shufflenet_v2_x0_5", "mobilenet_v3_small", "densenet121"]
 for v in vis:

@@ -285,6 +285,52 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
     return recognize(mod, pattern, rewrite, "Pow")[0]
 
 
+#: A fill at or below this is a mask value: x + fill == fill exactly for |x| < ulp(fill) / 2 (3.8e22 at -1e30;
+#: 1e31 at float32's lowest, HF's and torch's masked_fill value; any finite x at -inf).
+MASK_FILL_AT_MOST = -1e30
+
+
+@tvm.transform.module_pass(opt_level=0, name="MaskedFillAsAdd")
+def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """softmax(where(c, x, fill) [+ m]) -> softmax(x + where(c, 0, fill) [+ m]) for a float32 fill <=
+    MASK_FILL_AT_MOST, either branch (`masked_fill` exports where(c, fill, x)).
+
+    GPT-Neo's causal mask (and hand-written `masked_fill` attention) selects instead of adding, which the
+    attention pattern (an additive mask) cannot match. The sum equals the select bit for bit for every
+    score below 1e22 in magnitude; a constant condition becomes a constant mask.
+    """
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    cond, score, fill = wildcard(), wildcard(), is_const()
+    cond2, score2, fill2 = wildcard(), wildcard(), is_const()
+    keep = is_op("relax.where")(cond, score, fill)          # the score where cond holds
+    drop = is_op("relax.where")(cond2, fill2, score2)       # masked_fill: the fill where cond holds
+    picked = keep | drop
+    other = wildcard()
+    added = is_op("relax.add")(picked, other) | is_op("relax.add")(other, picked)
+    root = is_op("relax.nn.softmax")(picked | added)
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        c, x, f, fill_where_true = (m[cond], m[score], m[fill], False) if keep in m else \
+            (m[cond2], m[score2], m[fill2], True)
+        values = _np(f)
+        if tensor_dtype(x) != "float32" or values.size != 1 or not values.reshape(()) <= MASK_FILL_AT_MOST:
+            return None
+        lowest, zero = np.float32(values.reshape(())), np.float32(0)
+        where_true, where_false = (lowest, zero) if fill_where_true else (zero, lowest)
+        if (cv := const_values(c)) is not None:
+            mask: relax.Expr = relax.const(np.where(cv, where_true, where_false).astype("float32"))
+        else:
+            mask = relax.op.where(c, relax.const(where_true), relax.const(where_false))
+        inner = relax.op.add(x, mask)
+        if other in m:
+            inner = relax.op.add(inner, m[other])
+        sm = m[root]
+        return relax.Call(sm.op, [inner], sm.attrs, sm.ty_args)
+
+    return recognize(mod, root, rewrite, "Softmax")[0]
+
+
 def _out_dtype(attrs) -> str | None:  # noqa: ANN001 - a conv's attrs
     """A conv's explicit output dtype, or None for "the input's"."""
     return str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None

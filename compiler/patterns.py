@@ -360,12 +360,14 @@ def _softmax_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
 # --------------------------------------------------------------------------- attention
 
 def _attention_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
-    """Attention as exporters emit it: the scale after Q.K^T (HF eager, hand-written), on Q and on K^T
-    separately (torch's scaled_dot_product_attention decomposition: both by sqrt(1/sqrt(d))), or
-    already folded into the Q projection; an additive mask (HF's computed causal/padding mask) or none."""
+    """Attention as exporters emit it: the scale after Q.K^T (HF eager, hand-written; a per-head constant in
+    Swin V2's cosine attention), on Q and on K^T separately (torch's scaled_dot_product_attention
+    decomposition: both by sqrt(1/sqrt(d))), or already folded into the Q projection; no additive mask, one
+    (HF's computed causal/padding mask) or two (T5's position bias, then the padding mask; GPT-Neo's causal
+    mask once `MaskedFillAsAdd` has made it an add), summed into one for the kernel."""
     variants = []
     for scaling in ("scores", "qk", "none"):
-        for masked in (True, False):
+        for masks in (2, 1, 0):
             q, kt, v = wildcard(), wildcard(), wildcard()
             ann: dict[str, DFPattern] = {"q": q, "kt": kt, "v": v}
             if scaling == "qk":
@@ -375,17 +377,21 @@ def _attention_variants() -> list[tuple[str, DFPattern, dict[str, DFPattern]]]:
                 scores = is_op("relax.matmul")(q, kt)
                 x = _scaled(scores) if scaling == "scores" else scores
             ann["scores"] = scores
-            if masked:
+            for n in range(masks):
                 mask = wildcard()
                 x = _commutative("relax.add", x, mask)
-                ann["mask"] = mask
+                ann[_MASKS[n]] = mask
             probs = is_op("relax.nn.softmax")(x)
             root = is_op("relax.matmul")(probs, v)
             ann["softmax"], ann["root"] = probs, root
-            label = "attention" + ("_masked" if masked else "") + {"scores": "", "qk": "_qk_scaled",
-                                                                      "none": "_unscaled"}[scaling]
+            label = "attention" + ("", "_masked", "_masked2")[masks] + {"scores": "", "qk": "_qk_scaled",
+                                                                         "none": "_unscaled"}[scaling]
             variants.append((label, root, ann))
     return variants
+
+
+#: the annotations of an attention match's additive masks, innermost first
+_MASKS = ("mask", "mask2")
 
 
 def _attention_check(match: Match, hw: Hardware) -> str | None:
@@ -413,13 +419,12 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     for name in ("q", "kt", "v"):
         if len(match.annotated[name].ty.shape.values) != len(scores.ty.shape.values):
             return f"{name} of rank {len(match.annotated[name].ty.shape.values)}: broadcast batch matmul"
-    if "mask" in match.annotated:
-        mask = match.annotated["mask"]
+    from .passes import same_dims
+
+    for mask in (match.annotated[name] for name in _MASKS if name in match.annotated):
         if not isinstance(mask.ty, relax.TensorType) or mask.ty.shape is None or \
                 len(mask.ty.shape.values) > len(scores.ty.shape.values):
             return "mask of unknown or higher rank than the scores"
-        from .passes import same_dims
-
         for m_dim, s_dim in zip(reversed(list(mask.ty.shape.values)), reversed(list(scores.ty.shape.values))):
             if not (same_dims([m_dim], [1]) or same_dims([m_dim], [s_dim])):
                 return (f"mask dim {m_dim} does not provably broadcast to the scores' {s_dim} (a symbolic "
@@ -439,15 +444,18 @@ def _attention_check(match: Match, hw: Hardware) -> str | None:
     v_dims = dims_for_cost(v)
     if v_dims is None:
         return "V of unknown shape"
-    if len(v_dims) < 2 or v_dims[-1] != head_dim or v_dims[-2] != shape[3]:
-        return (f"V of shape {v_dims}: the tiled kernel needs V's head size equal to Q's ({head_dim}) and one "
-                f"value row per key")
+    if len(v_dims) < 2 or v_dims[-2] != shape[3]:
+        return f"V of shape {v_dims}: the tiled kernel needs one value row per key ({shape[3]})"
+    if v_dims[-1] != head_dim and hw.is_gpu:
+        return (f"V of shape {v_dims}: the CUDA tiled kernel needs V's head size equal to Q's ({head_dim}) "
+                f"(the CPU kernel takes another, LeViT's)")
     try:
         from .kernels.attention import choose_tiles, cuda_tile_budget
     except ImportError:
         return "no tiled attention kernel available for this target"
     budget = cuda_tile_budget(hw) if hw.is_gpu else hw.l2_bytes
-    tiles = choose_tiles(shape[2], shape[3], head_dim, str(q.ty.dtype), "cuda" if hw.is_gpu else "llvm", budget)
+    tiles = choose_tiles(shape[2], shape[3], head_dim, str(q.ty.dtype), "cuda" if hw.is_gpu else "llvm", budget,
+                         v_dims[-1])
     if tiles is None:
         return (f"no attention tile for head_dim {head_dim} fits {budget // 1024} KiB of "
                 f"{'shared memory per block' if hw.is_gpu else 'L2'} on {hw.name}: falling back to unfused")
@@ -565,6 +573,7 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     to the softmax, wherever the exporter put it; rank-3 groups ([batch*heads, seq, d]) run as one batch.
     """
     from .kernels.attention import attention_call, cuda_tile_budget
+    from .passes import const_values
 
     param_arg = dict(zip(func.params, args))
     values: dict[relax.Var, relax.Expr] = {}
@@ -575,13 +584,26 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     def value_of(expr: relax.Expr) -> relax.Expr:
         return values.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
+    def const_array(expr: relax.Expr) -> np.ndarray | None:
+        return const_values(param_arg.get(expr, expr) if isinstance(expr, relax.Var) else expr)
+
     def const_scalar(expr: relax.Expr) -> float | None:
-        expr = param_arg.get(expr, expr) if isinstance(expr, relax.Var) else expr
-        data = getattr(expr, "value", None) if not isinstance(expr, relax.Var) else None
-        if data is not None and hasattr(data, "numpy"):     # a Relax constant (tvm.ir.GenericConst)
-            arr = np.asarray(data.numpy())
-            return float(arr.reshape(())) if arr.size == 1 else None
-        return None
+        arr = const_array(expr)
+        return float(arr.reshape(())) if arr is not None and arr.size == 1 else None
+
+    def broadcast_factor(value: relax.Call) -> tuple[np.ndarray, int] | None:
+        """`scores * c` or `scores / c` with c a constant tensor that is 1 along the key axis (per head or per
+        query row: Swin V2's learnt logit scale) or along the query axis (per key): the factor and the
+        operand it moves to (0: Q, 1: K^T), as (c q).k = c (q.k), up to rounding."""
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name in ("relax.multiply", "relax.divide")):
+            return None
+        arr = const_array(value.args[1])
+        if arr is None and value.op.name == "relax.multiply":
+            arr = const_array(value.args[0])
+        if arr is None or arr.ndim < 2 or 1 not in arr.shape[-2:]:
+            return None
+        return (arr if value.op.name == "relax.multiply" else 1.0 / arr), 0 if arr.shape[-1] == 1 else 1
 
     scale = 1.0
 
@@ -617,8 +639,9 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
                   (isinstance(m.args[0], relax.Var) and values.get(m.args[0]) is softmax))
     first = next(m for m in matmuls if m is not second)
     v = param_arg.get(second.args[1]) if isinstance(second.args[1], relax.Var) else None
-    # from the softmax input back to the first matmul: an optional mask add and scale
-    mask = None
+    # from the softmax input back to the first matmul: additive masks, then (inside them) the scale
+    masks: list[relax.Expr] = []
+    factors: list[tuple[np.ndarray, int]] = []
     expr = softmax.args[0]
     while True:
         value = value_of(expr)
@@ -630,21 +653,33 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
             a, b = value.args
             inner_a = isinstance(a, relax.Var) and a in values
             inner_b = isinstance(b, relax.Var) and b in values
-            if inner_a == inner_b or mask is not None:
-                return None
+            if inner_a == inner_b or len(masks) == len(_MASKS) or scale != 1.0 or factors:
+                return None     # a mask inside a scale would be scaled too: not this kernel's formula
             mask_expr = b if inner_a else a
-            mask = param_arg.get(mask_expr, mask_expr) if isinstance(mask_expr, relax.Var) else mask_expr
+            masks.append(param_arg.get(mask_expr, mask_expr) if isinstance(mask_expr, relax.Var) else mask_expr)
             expr = a if inner_a else b
         elif (inner := unscale(value)) is not None:
             expr = inner
+        elif (factor := broadcast_factor(value)) is not None:
+            factors.append(factor)
+            expr = value.args[0] if const_array(value.args[0]) is None else value.args[1]
         else:
             return None
     q, kt = strip_scale(first.args[0]), strip_scale(first.args[1])
     if q is None or kt is None or v is None:
         return None
+    operands = [q, kt]
+    for arr, which in factors:      # per head/row onto Q, per key onto K^T
+        if arr.ndim > len(q.ty.shape.values):
+            return None
+        operands[which] = bb.emit(relax.op.multiply(operands[which], relax.const(arr.astype(str(q.ty.dtype)))))
+    q, kt = operands
     rank = len(q.ty.shape.values)
     if rank == 3:
         q, kt, v = (bb.emit(relax.op.expand_dims(t, [0])) for t in (q, kt, v))
+    mask = None
+    for m in masks:     # T5's position bias and padding mask: one mask for the kernel
+        mask = m if mask is None else bb.emit(relax.op.add(mask, m))
     if mask is not None:
         mrank = len(mask.ty.shape.values)
         if mrank < 4:

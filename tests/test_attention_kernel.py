@@ -88,6 +88,21 @@ def test_cpu_matches_numpy(case: tuple) -> None:
     np.testing.assert_allclose(got, reference(q, k, v, scale, mask), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("value_dim", [64, 24, 6, 5])
+def test_cpu_value_head_size_differs_from_the_key_head_size(value_dim: int) -> None:
+    """LeViT's V rows are 4x its Q/K rows (16 -> 64); register tiles of 4, 2 and 1 value columns."""
+    b, h, sq, sk, d = 1, 4, 49, 49, 16
+    q, k, _, mask = make_inputs(b, h, sq, sk, d, (1, h, sq, sk))
+    v = np.random.default_rng(5).standard_normal((b, h, sk, value_dim)).astype("float32")
+    func = attention_primfunc(b, h, sq, sk, d, mask_shape=mask.shape, scale=0.25, target=CPU, value_dim=value_dim)
+    lib = tvm.compile(func, target=CPU)
+    out = tvm.runtime.tensor(np.zeros((b, h, sq, value_dim), "float32"))
+    lib["fused_attention"](*(tvm.runtime.tensor(x) for x in (q, k, v, mask)), out)
+    np.testing.assert_allclose(out.numpy(), reference(q, k, v, 0.25, mask), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="head size"):
+        attention_primfunc(b, h, sq, sk, d, scale=0.25, target=SM80, value_dim=value_dim + 1)
+
+
 def test_cpu_symbolic_sequences_one_kernel_for_every_size() -> None:
     """Batch and both sequences symbolic (a per-key mask over them too): one compiled kernel, any size."""
     b, sq, sk = (tvm.tirx.Var(n, "int64") for n in ("b", "sq", "sk"))
@@ -227,6 +242,10 @@ def test_scratch_matches_cost_model() -> None:
     # The CPU kernel also keeps two register tiles (c, c2) and the m_new row: not tile scratch.
     tile_bytes = sum(nbytes for _, n, nbytes in _scratch(cpu) if n >= bq * min(bk, d))
     assert tile_bytes + 16 * bq == attention_scratch_bytes(bq, bk, d)
+    bq, bk = choose_tiles(s, s, d, "float32", "llvm", None, 2 * d)      # LeViT: wider value rows
+    cpu = attention_primfunc(1, 2, s, s, d, scale=0.1, target=CPU, block_q=bq, block_k=bk, value_dim=2 * d)
+    tile_bytes = sum(nbytes for _, n, nbytes in _scratch(cpu) if n >= bq * min(bk, d))
+    assert tile_bytes + 16 * bq == attention_scratch_bytes(bq, bk, d, 2 * d) > attention_scratch_bytes(bq, bk, d)
     for dtype in ("float32", "float16"):
         bq, bk = choose_tiles(s, s, d, dtype, "cuda", 48 * 1024)
         gpu = attention_primfunc(1, 2, s, s, d, dtype=dtype, scale=0.1, target=SM80, block_q=bq, block_k=bk)

@@ -101,27 +101,120 @@ def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> Non
     assert [g.pattern for g in verdict.fused.report.groups].count("attention") == 1
 
 
-def test_attention_the_tiled_kernel_refuses_is_lowered_unfused() -> None:
-    """Swin-V2's cosine attention scales the scores per head (a [heads, 1, 1] constant): the pattern matches, the
-    tiled kernel does not take it, and FuseTIR merged the five ops into one loop nest holding the score matrix
-    (45 ms against 0.96 ms for the parts). Such a group is vetoed with that reason and built unfused; the
-    result is ONNX Runtime's."""
+def _attention_onnx(heads: int = 4, seq: int = 49, dim: int = 32, *, value_dim: int | None = None,
+                    scale: "np.ndarray | None" = None, bias: "np.ndarray | None" = None, mask: bool = False,
+                    causal_fill: float | None = None, masked_fill: float | None = None):
+    """softmax(Q.K^T [* scale] [+ bias] [+ mask]) . V as exporters write it; `causal_fill`: GPT-Neo's
+    Where(causal, scores, fill) with a constant condition; `masked_fill`: masked_fill(mask_bool, fill) on an
+    input condition, as hand-written attention does."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
+    f32 = TensorProto.FLOAT
+    inits, nodes, x = [], [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+                           helper.make_node("MatMul", ["q", "kt"], ["s0"])], "s0"
+    inputs = [helper.make_tensor_value_info("q", f32, [1, heads, seq, dim]),
+              helper.make_tensor_value_info("k", f32, [1, heads, seq, dim]),
+              helper.make_tensor_value_info("v", f32, [1, heads, seq, value_dim or dim])]
+
+    def step(op: str, *args: str, **attrs) -> None:
+        nonlocal x
+        nodes.append(helper.make_node(op, [x, *args] if op != "Where" else list(args), [f"s{len(nodes)}"], **attrs))
+        x = f"s{len(nodes) - 1}"
+
+    def const(name: str, value: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    if scale is not None:
+        step("Mul", const("scale", scale.astype(np.float32)))
+    if causal_fill is not None:
+        causal = np.tril(np.ones((seq, seq), dtype=bool))[None, None]
+        step("Where", const("causal", causal), x, const("fill", np.float32(causal_fill)))
+    if masked_fill is not None:
+        inputs.append(helper.make_tensor_value_info("pad", TensorProto.BOOL, [1, 1, 1, seq]))
+        step("Where", "pad", const("fill", np.float32(masked_fill)), x)
+    if bias is not None:
+        step("Add", const("bias", bias.astype(np.float32)))
+    if mask:
+        inputs.append(helper.make_tensor_value_info("mask", f32, [1, 1, 1, seq]))
+        step("Add", "mask")
+    step("Softmax", axis=-1)
+    step("MatMul", "v")
+    graph = helper.make_graph(nodes, "attention", inputs,
+                              [helper.make_tensor_value_info(x, f32, [1, heads, seq, value_dim or dim])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 1), (1, 1, 49, 1), (1, 1, 1, 49)], ids=["per_head", "per_query", "per_key"])
+def test_attention_takes_a_scale_per_head_query_or_key(shape: tuple[int, ...]) -> None:
+    """Swin-V2's cosine attention scales the scores per head (a learnt [heads, 1, 1] constant): the factor moves
+    onto Q (per key: onto K^T) and the group becomes the tiled kernel, with ONNX Runtime's result."""
+    import numpy as np
+
     from fuseguard.verify.core import verify_model
 
-    heads, seq, dim = 4, 49, 32
-    scale = numpy_helper.from_array((np.arange(1, heads + 1, dtype=np.float32) / 8).reshape(heads, 1, 1), "scale")
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
-             helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, heads, seq, dim]) for n in ("q", "k", "v")]
-    graph = helper.make_graph(nodes, "per_head_scale", io,
-                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, heads, seq, dim])], [scale])
-    verdict = verify_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    scale = np.random.default_rng(0).uniform(0.05, 0.5, size=shape)
+    verdict = verify_model(_attention_onnx(scale=scale, mask=True))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    assert verdict.fused.report.count("attention") == 1
+
+
+def test_attention_the_tiled_kernel_refuses_is_lowered_unfused() -> None:
+    """A scale that varies along both the query and the key axis is no factor of Q or K: the pattern matches, the
+    tiled kernel does not take it, and FuseTIR would merge the five ops into one loop nest holding the score
+    matrix (Swin-V2 before its per-head scale was taken: 45 ms against 0.96 ms for the parts). Such a group is
+    vetoed with that reason and built unfused; the result is ONNX Runtime's."""
+    import numpy as np
+
+    from fuseguard.verify.core import verify_model
+
+    scale = np.random.default_rng(0).uniform(0.05, 0.5, size=(1, 1, 49, 49))
+    verdict = verify_model(_attention_onnx(scale=scale))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
     rep = verdict.fused.report
     refused = [d for d in rep.decisions if d.pattern == "attention"]
     assert refused and all(not d.fused and d.source == "veto" and "does not take" in d.reason for d in refused)
     assert rep.count("attention") == 0
+
+
+def test_attention_with_a_position_bias_and_a_mask() -> None:
+    """T5 adds a position bias and then the padding mask to unscaled scores: two additive masks, one kernel."""
+    import numpy as np
+
+    from fuseguard.verify.core import verify_model
+
+    bias = np.random.default_rng(1).normal(size=(1, 4, 49, 49))
+    verdict = verify_model(_attention_onnx(bias=bias, mask=True))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
+    assert len(groups) == 1 and groups[0].ops == ["matmul", "add", "add", "softmax", "matmul"]
+
+
+@pytest.mark.parametrize("form", ["causal_fill", "masked_fill"])
+def test_attention_masked_by_a_select(form: str) -> None:
+    """GPT-Neo selects float32's lowest where its causal mask is false, and `masked_fill` attention selects the
+    fill where a boolean input holds: each becomes an additive mask (exact at such fills) and the attention
+    kernel. A fill of -1e9 is not absorbed exactly: that select stays, and so does the result."""
+    import numpy as np
+
+    from fuseguard.verify.core import verify_model
+
+    lowest = float(np.finfo(np.float32).min)
+    verdict = verify_model(_attention_onnx(mask=True, **{form: lowest}))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    assert verdict.fused.report.count("attention") == 1
+    kept = verify_model(_attention_onnx(mask=True, **{form: -1e9}))
+    assert kept.status == "PASS", kept.fused.compare.summary()
+    assert kept.fused.report.count("attention") == 0
+
+
+def test_attention_with_a_wider_value_head() -> None:
+    """LeViT's values are 4x its keys' head size: the CPU kernel takes V's own head size."""
+    import numpy as np
+
+    from fuseguard.verify.core import verify_model
+
+    verdict = verify_model(_attention_onnx(dim=16, value_dim=64, scale=np.float32(0.25), mask=True))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    assert verdict.fused.report.count("attention") == 1

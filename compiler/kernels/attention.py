@@ -119,9 +119,10 @@ def attention_smem_bytes(block_q: int, block_k: int, head_dim: int, dtype: str =
     return tiles + 4 * fp32
 
 
-def attention_scratch_bytes(block_q: int, block_k: int, head_dim: int) -> int:
+def attention_scratch_bytes(block_q: int, block_k: int, head_dim: int, value_dim: int | None = None) -> int:
     """Per-task scratch of the CPU kernel (all fp32): Q^T, S^T, acc^T tiles and m/l/corr rows."""
-    return 4 * (2 * head_dim * block_q + block_k * block_q + 4 * block_q)
+    value_dim = head_dim if value_dim is None else value_dim
+    return 4 * ((head_dim + value_dim) * block_q + block_k * block_q + 4 * block_q)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -135,6 +136,7 @@ def choose_tiles(
     dtype: str = "float32",
     target_kind: str = "llvm",
     max_shared_bytes: int | None = None,
+    value_dim: int | None = None,
 ) -> tuple[int, int] | None:
     """Largest (block_q, block_k) whose scratch fits ``max_shared_bytes``; None if none fits.
 
@@ -160,7 +162,7 @@ def choose_tiles(
         for bq in (64, 32, 16, 8):
             for bk in (64, 32, 16, 8, 4):
                 bq_, bk_ = min(bq, cap_q), min(bk, cap_k)
-                if attention_scratch_bytes(bq_, bk_, head_dim) <= budget:
+                if attention_scratch_bytes(bq_, bk_, head_dim, value_dim) <= budget:
                     return bq_, bk_
         return None
     raise ValueError(f"no attention kernel for target kind {target_kind!r}")
@@ -260,15 +262,17 @@ def _with_attrs(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
 def _cpu_primfunc(
     batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, dtype: str,
     mask_shape: tuple[int, ...] | None, scale: float, block_q: int, block_k: int, lanes: int,
+    value_dim: int,
 ) -> tirx.PrimFunc:
     B, H, Sq, Sk, D, Bq, Bk = batch, heads, seq_q, seq_k, head_dim, block_q, block_k
+    DV = value_dim      # V's and the output's head size (LeViT: 4x the key size)
     if Bq % 8:
         raise ValueError(f"CPU block_q must be a multiple of 8, got {Bq}")
     # IL: query lanes per register tile (two vectors when they divide the block), JR/DR: K rows /
     # head dims per register tile. JR x IL (and DR x IL) accumulators stay in vector registers.
     IL = next(w for w in (2 * lanes, lanes, 8) if Bq % w == 0)
     JR = 4 if Bk % 4 == 0 else (2 if Bk % 2 == 0 else 1)
-    DR = 4 if D % 4 == 0 else (2 if D % 2 == 0 else 1)
+    DR = 4 if DV % 4 == 0 else (2 if DV % 2 == 0 else 1)
     NQB, NKB = (Sq + Bq - 1) // Bq, (Sk + Bk - 1) // Bk      # ints, or PrimExprs for symbolic seqs
     NEG_INF, LOWEST, SCALE = float("-inf"), float(np.finfo(np.float32).min), float(scale)
     has_mask = mask_shape is not None
@@ -288,7 +292,7 @@ def _cpu_primfunc(
             # promotes to registers (c, c2); the tiles become per-task workspace.
             qT = T.alloc_buffer((D, Bq), "float32")
             sT = T.alloc_buffer((Bk, Bq), "float32")
-            accT = T.alloc_buffer((D, Bq), "float32")
+            accT = T.alloc_buffer((DV, Bq), "float32")
             m = T.alloc_buffer((Bq,), "float32")
             mn = T.alloc_buffer((Bq,), "float32")
             corr = T.alloc_buffer((Bq,), "float32")
@@ -303,7 +307,7 @@ def _cpu_primfunc(
             for i in T.vectorized(Bq):
                 m[i] = T.float32(NEG_INF)
                 lsum[i] = T.float32(0)
-            for d in range(D):
+            for d in range(DV):
                 for i in T.vectorized(Bq):
                     accT[d, i] = T.float32(0)
             for kb in range(NKB):
@@ -346,7 +350,7 @@ def _cpu_primfunc(
                             sT[j, i0 * IL + il] = _fast_exp(sT[j, i0 * IL + il] - mn[i0 * IL + il])
                             lsum[i0 * IL + il] = lsum[i0 * IL + il] + sT[j, i0 * IL + il]
                 # acc^T[d, i] = acc^T[d, i] * corr[i] + sum_j V[j, d] P^T[j, i] (valid j only).
-                for d0, i0 in T.grid(D // DR, Bq // IL):
+                for d0, i0 in T.grid(DV // DR, Bq // IL):
                     for dr in T.unroll(DR):
                         for il in T.vectorized(IL):
                             c2[dr, il] = T.float32(0)
@@ -361,15 +365,15 @@ def _cpu_primfunc(
                             )
             for i in range(Bq):
                 if q0 + i < Sq:
-                    for d in range(D):
+                    for d in range(DV):
                         O[b, h, q0 + i, d] = T.Cast(dtype, accT[d, i] / lsum[i])
 
     if has_mask:
         @T.prim_func
         def attn_mask(
             Q: T.Buffer((B, H, Sq, D), dtype), K: T.Buffer((B, H, Sk, D), dtype),
-            V: T.Buffer((B, H, Sk, D), dtype), M: T.Buffer(mask_shape, dtype),
-            O: T.Buffer((B, H, Sq, D), dtype),
+            V: T.Buffer((B, H, Sk, DV), dtype), M: T.Buffer(mask_shape, dtype),
+            O: T.Buffer((B, H, Sq, DV), dtype),
         ):
             body(Q, K, V, M, O)
 
@@ -378,7 +382,7 @@ def _cpu_primfunc(
     @T.prim_func
     def attn(
         Q: T.Buffer((B, H, Sq, D), dtype), K: T.Buffer((B, H, Sk, D), dtype),
-        V: T.Buffer((B, H, Sk, D), dtype), O: T.Buffer((B, H, Sq, D), dtype),
+        V: T.Buffer((B, H, Sk, DV), dtype), O: T.Buffer((B, H, Sq, DV), dtype),
     ):
         body(Q, K, V, None, O)
 
@@ -546,10 +550,12 @@ def attention_primfunc(
     max_shared_bytes: int | None = None,
     emulate_cuda: bool = False,
     tile_sizes: tuple[int, int] | None = None,
+    value_dim: int | None = None,
 ) -> tirx.PrimFunc:
     """Build the fused attention PrimFunc ``(Q, K, V[, mask], O)`` for ``target``.
 
-    Q, O: [B, H, Sq, D]; K, V: [B, H, Sk, D]; mask (optional): any shape broadcastable to
+    Q: [B, H, Sq, D]; K: [B, H, Sk, D]; V: [B, H, Sk, Dv], O: [B, H, Sq, Dv] (``value_dim`` Dv, default D;
+    another than D on CPU only); mask (optional): any shape broadcastable to
     [B, H, Sq, Sk], same dtype. Tiles default to :func:`choose_tiles` under ``max_shared_bytes``
     (CUDA: 48 KiB unless given; pass :func:`cuda_max_shared_bytes` to use the sm_80/sm_90
     opt-in); raises ValueError when no tile fits, so callers should ask ``choose_tiles`` first.
@@ -558,8 +564,9 @@ def attention_primfunc(
     cover any size, and the tiles are chosen at ``tile_sizes`` (seq_q, seq_k), the cost model's sizes.
     """
     batch, heads, seq_q, seq_k = (_dim(d) for d in (batch, heads, seq_q, seq_k))
+    value_dim = head_dim if value_dim is None else value_dim
     symbolic = not all(isinstance(d, int) for d in (batch, heads, seq_q, seq_k))
-    if min(d for d in (batch, heads, seq_q, seq_k, head_dim) if isinstance(d, int)) < 1:
+    if min(d for d in (batch, heads, seq_q, seq_k, head_dim, value_dim) if isinstance(d, int)) < 1:
         raise ValueError("attention dims must all be >= 1")
     _dtype_bytes(dtype)
     if isinstance(target, (str, dict)):
@@ -568,11 +575,13 @@ def attention_primfunc(
     kind = "cuda" if (target.kind.name == "cuda" or emulate_cuda) else target.kind.name
     if symbolic and kind == "cuda":
         raise ValueError("the CUDA attention kernel is specialised per shape: no symbolic dims")
+    if value_dim != head_dim and kind == "cuda":
+        raise ValueError(f"the CUDA attention kernel needs V's head size ({value_dim}) equal to Q's ({head_dim})")
     if block_q is None or block_k is None:
         at_q, at_k = tile_sizes if tile_sizes is not None else (seq_q, seq_k)
         if not (isinstance(at_q, int) and isinstance(at_k, int)):
             raise ValueError("symbolic sequence lengths need tile_sizes to choose tiles at")
-        tiles = choose_tiles(at_q, at_k, head_dim, dtype, kind, max_shared_bytes)
+        tiles = choose_tiles(at_q, at_k, head_dim, dtype, kind, max_shared_bytes, value_dim)
         if tiles is None:
             raise ValueError(
                 f"no attention tile fits {max_shared_bytes} bytes for D={head_dim} {dtype} on {kind}")
@@ -590,7 +599,7 @@ def attention_primfunc(
                               block_q, block_k, smem > CUDA_DEFAULT_SHARED_BYTES, emulate_cuda)
     elif kind in ("llvm", "c"):
         func = _cpu_primfunc(batch, heads, seq_q, seq_k, head_dim, dtype, shape, scale,
-                             block_q, block_k, _cpu_vector_lanes(target))
+                             block_q, block_k, _cpu_vector_lanes(target), value_dim)
     else:
         raise ValueError(f"no attention kernel for target kind {kind!r}")
     return _with_attrs(func, "fused_attention")
@@ -653,12 +662,14 @@ def attention_call(
     vshape, _ = _shape_of(v, "V")
     if not isinstance(d, int):
         raise ValueError(f"attention needs a static head size, got {d}")
-    same = all(_same_dim(a, b) for a, b in zip((kb_, kh, kd, *vshape), (qb, qh, d, kb_, kh, sk, kd)))
-    if not same or len(vshape) != 4:
+    same = len(vshape) == 4 and all(_same_dim(a, b) for a, b in zip((kb_, kh, kd, *vshape[:3]),
+                                                                     (qb, qh, d, kb_, kh, sk)))
+    if not same or not isinstance(vshape[3], int):
         raise ValueError(f"attention shapes disagree: Q {(qb, qh, sq, d)} K {(kb_, kh, sk, kd)} V {vshape}")
     mask_shape = _shape_of(mask, "mask")[0] if mask is not None else None
     func = attention_primfunc(qb, qh, sq, sk, d, dtype=dtype, mask_shape=mask_shape, scale=scale,
-                              target=target, max_shared_bytes=max_shared_bytes, tile_sizes=tile_sizes)
+                              target=target, max_shared_bytes=max_shared_bytes, tile_sizes=tile_sizes,
+                              value_dim=vshape[3])
     gvar = bb.add_func(func.without_attr("global_symbol"), name)
     args = [q, k, v] + ([mask] if mask is not None else [])
-    return relax.call_tir(gvar, args, relax.TensorType((qb, qh, sq, d), dtype))
+    return relax.call_tir(gvar, args, relax.TensorType((qb, qh, sq, vshape[3]), dtype))
