@@ -746,12 +746,26 @@ class _Replacer(relax.PyExprMutator):
             new = self.replacements[call.op.name_hint](self.builder_, self.mod_[call.op], args, self.spec)
             if new is not None:
                 var = self.builder_.emit(new, binding.var.name)
-                if isinstance(new, relax.Call) and new.op.name == "relax.call_tir":
-                    self.calls.append((new.args[0].name_hint, call.op.name_hint))
+                if (kernel := self._kernel_of(new)) is not None:
+                    self.calls.append((kernel, call.op.name_hint))
                 self.set_var_remap(binding.var, var)
                 return
             self.refused.append(call.op.name_hint)
         super().visit_var_binding_(binding)
+
+
+    def _kernel_of(self, expr: relax.Expr) -> str | None:
+        """The hand-written kernel a replacement calls: its call_tir, or the one under the reshapes around it
+        (rank-3 attention, [batch * heads, seq, d], is squeezed back from the kernel's 4-D output)."""
+        for _ in range(4):
+            if isinstance(expr, relax.Var):
+                expr = self.builder_.lookup_binding(expr)
+            if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
+                return None
+            if expr.op.name == "relax.call_tir":
+                return expr.args[0].name_hint
+            expr = expr.args[0]
+        return None
 
 
 def apply_replacements(mod: tvm.IRModule, replacements: dict,

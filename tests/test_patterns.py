@@ -103,19 +103,21 @@ def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> Non
 
 def _attention_onnx(heads: int = 4, seq: int = 49, dim: int = 32, *, value_dim: int | None = None,
                     scale: "np.ndarray | None" = None, bias: "np.ndarray | None" = None, mask: bool = False,
-                    causal_fill: float | None = None, masked_fill: float | None = None):
+                    causal_fill: float | None = None, masked_fill: float | None = None, rank: int = 4):
     """softmax(Q.K^T [* scale] [+ bias] [+ mask]) . V as exporters write it; `causal_fill`: GPT-Neo's
     Where(causal, scores, fill) with a constant condition; `masked_fill`: masked_fill(mask_bool, fill) on an
-    input condition, as hand-written attention does."""
+    input condition, as hand-written attention does; rank 3: [batch * heads, seq, dim] (torch's
+    MultiheadAttention, WavLM)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     f32 = TensorProto.FLOAT
-    inits, nodes, x = [], [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+    lead = [1, heads] if rank == 4 else [heads]
+    inits, nodes, x = [], [helper.make_node("Transpose", ["k"], ["kt"], perm=[*range(rank - 2), rank - 1, rank - 2]),
                            helper.make_node("MatMul", ["q", "kt"], ["s0"])], "s0"
-    inputs = [helper.make_tensor_value_info("q", f32, [1, heads, seq, dim]),
-              helper.make_tensor_value_info("k", f32, [1, heads, seq, dim]),
-              helper.make_tensor_value_info("v", f32, [1, heads, seq, value_dim or dim])]
+    inputs = [helper.make_tensor_value_info("q", f32, [*lead, seq, dim]),
+              helper.make_tensor_value_info("k", f32, [*lead, seq, dim]),
+              helper.make_tensor_value_info("v", f32, [*lead, seq, value_dim or dim])]
 
     def step(op: str, *args: str, **attrs) -> None:
         nonlocal x
@@ -137,12 +139,12 @@ def _attention_onnx(heads: int = 4, seq: int = 49, dim: int = 32, *, value_dim: 
     if bias is not None:
         step("Add", const("bias", bias.astype(np.float32)))
     if mask:
-        inputs.append(helper.make_tensor_value_info("mask", f32, [1, 1, 1, seq]))
+        inputs.append(helper.make_tensor_value_info("mask", f32, [1] * (rank - 1) + [seq]))
         step("Add", "mask")
     step("Softmax", axis=-1)
     step("MatMul", "v")
     graph = helper.make_graph(nodes, "attention", inputs,
-                              [helper.make_tensor_value_info(x, f32, [1, heads, seq, value_dim or dim])], inits)
+                              [helper.make_tensor_value_info(x, f32, [*lead, seq, value_dim or dim])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -218,3 +220,16 @@ def test_attention_with_a_wider_value_head() -> None:
     verdict = verify_model(_attention_onnx(dim=16, value_dim=64, scale=np.float32(0.25), mask=True))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
     assert verdict.fused.report.count("attention") == 1
+
+
+def test_rank3_attention_is_reported_with_its_nodes() -> None:
+    """[batch * heads, seq, dim] attention (WavLM's export) runs the 4-D kernel between a reshape and a squeeze;
+    the report still names the group and its ONNX nodes (it showed a nameless "single op" before)."""
+    from fuseguard.verify.core import verify_model
+
+    verdict = verify_model(_attention_onnx(rank=3, mask=True))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
+    assert len(groups) == 1 and {"MatMul", "Add", "Softmax"} <= {n.split("_")[0] for n in groups[0].onnx_nodes}
+    site = [c for c in verdict.fused.report.call_sites if c["kernel"].startswith("fused_attention")]
+    assert site and site[0]["pattern"] == "attention" and site[0]["nodes"]
