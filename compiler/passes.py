@@ -331,6 +331,41 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
     return recognize(mod, root, rewrite, "Softmax")[0]
 
 
+#: FoldReshapedAdd materialises the constant at the tensor's full size before shrinking it: at most this many
+#: elements (Swin-T's shifted-window mask, 64 x 3 x 49 x 49 = 461k, is the largest met).
+RESHAPED_ADD_MAX_ELEMENTS = 1 << 24
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldReshapedAdd")
+def FoldReshapedAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """reshape(reshape(x, s) + c, shape(x)) -> x + c' for a constant c, c' = c broadcast to s, reshaped back and
+    shrunk to size 1 along every axis it is constant on.
+
+    Swin's shifted windows add their mask as `view(B, nW, heads, N, N) + mask; view(-1, heads, N, N)`: the
+    reshapes around the add hide it from the attention pattern (5 of Swin-T's 12 blocks). The add is the same
+    element for element."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    x, c = wildcard(), is_const()
+    inner = is_op("relax.reshape")(x, wildcard())
+    added = is_op("relax.add")(inner, c) | is_op("relax.add")(c, inner)
+    root = is_op("relax.reshape")(added, wildcard())
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        x_dims, out_dims, mid_dims = static_dims(m[x]), static_dims(m[root]), static_dims(m[inner])
+        if x_dims is None or x_dims != out_dims or mid_dims is None or static_dims(m[added]) != mid_dims \
+                or int(np.prod(x_dims)) > RESHAPED_ADD_MAX_ELEMENTS:
+            return None
+        full = np.broadcast_to(_np(m[c]), mid_dims).reshape(x_dims)
+        for axis in range(full.ndim):
+            first = full.take([0], axis=axis)
+            if np.array_equal(full, np.broadcast_to(first, full.shape)):
+                full = first
+        return relax.op.add(m[x], relax.const(np.ascontiguousarray(full)))
+
+    return recognize(mod, root, rewrite, "Add")[0]
+
+
 def _out_dtype(attrs) -> str | None:  # noqa: ANN001 - a conv's attrs
     """A conv's explicit output dtype, or None for "the input's"."""
     return str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void", "None") else None

@@ -9,6 +9,7 @@
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        MaskedFillAsAdd              softmax(where(c, x, lowest)) -> softmax(x + mask): an attention pattern's mask
+       FoldReshapedAdd              reshape(reshape(x) + c) -> x + c' (Swin's shifted-window mask)
        Conv1dAsConv2d               conv1d as a height-1 conv2d (audio front ends: no conv1d kernel)
        Conv3dAsConv2d               conv3d as one conv2d per temporal tap over the frames, summed (video)
        DropPaddingTaps              kernel rows/columns that only ever read zero padding cut off (ASPP)
@@ -79,7 +80,8 @@ from .schedule.cpu_matmul_int8 import supported as int8_supported
 from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
 from .precision import check as precision_check, dtype_census, to_precision
 from .passes import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves,
-                     KeepConv1dChains4D, MaskedFillAsAdd, NormalizeFlattenedGemm, apply_replacements)
+                     FoldReshapedAdd, KeepConv1dChains4D, MaskedFillAsAdd, NormalizeFlattenedGemm,
+                     apply_replacements)
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -473,8 +475,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod = stage("int8_kernels", [tvm.transform.module_pass(_int8, opt_level=0, name="IntegerMatmuls")], mod)
         int8_matmuls, int8_quantizes = found
     mod = stage("fold_constant", [FoldConstantMoves, FoldEmptyReductions, T.FoldConstant()], mod)
-    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, MaskedFillAsAdd, Conv1dAsConv2d,
-                              Conv3dAsConv2d, DropPaddingTaps, KeepConv1dChains4D], mod)
+    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, FoldReshapedAdd, MaskedFillAsAdd,
+                              Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, KeepConv1dChains4D], mod)
     if options.qdq:
         qdq_summary: list[QdqSummary] = []
 

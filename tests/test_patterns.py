@@ -103,16 +103,18 @@ def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> Non
 
 def _attention_onnx(heads: int = 4, seq: int = 49, dim: int = 32, *, value_dim: int | None = None,
                     scale: "np.ndarray | None" = None, bias: "np.ndarray | None" = None, mask: bool = False,
-                    causal_fill: float | None = None, masked_fill: float | None = None, rank: int = 4):
+                    causal_fill: float | None = None, masked_fill: float | None = None, rank: int = 4,
+                    windows: int = 1, shift_mask: "np.ndarray | None" = None):
     """softmax(Q.K^T [* scale] [+ bias] [+ mask]) . V as exporters write it; `causal_fill`: GPT-Neo's
     Where(causal, scores, fill) with a constant condition; `masked_fill`: masked_fill(mask_bool, fill) on an
     input condition, as hand-written attention does; rank 3: [batch * heads, seq, dim] (torch's
-    MultiheadAttention, WavLM)."""
+    MultiheadAttention, WavLM); `shift_mask` [1, windows, 1, seq, seq]: Swin's shifted windows, added between
+    two reshapes."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     f32 = TensorProto.FLOAT
-    lead = [1, heads] if rank == 4 else [heads]
+    lead = [windows, heads] if rank == 4 else [heads]
     inits, nodes, x = [], [helper.make_node("Transpose", ["k"], ["kt"], perm=[*range(rank - 2), rank - 1, rank - 2]),
                            helper.make_node("MatMul", ["q", "kt"], ["s0"])], "s0"
     inputs = [helper.make_tensor_value_info("q", f32, [*lead, seq, dim]),
@@ -138,6 +140,10 @@ def _attention_onnx(heads: int = 4, seq: int = 49, dim: int = 32, *, value_dim: 
         step("Where", "pad", const("fill", np.float32(masked_fill)), x)
     if bias is not None:
         step("Add", const("bias", bias.astype(np.float32)))
+    if shift_mask is not None:
+        step("Reshape", const("windowed", np.array([1, windows, heads, seq, seq])))
+        step("Add", const("shift_mask", shift_mask.astype(np.float32)))
+        step("Reshape", const("flat", np.array([windows, heads, seq, seq])))
     if mask:
         inputs.append(helper.make_tensor_value_info("mask", f32, [1] * (rank - 1) + [seq]))
         step("Add", "mask")
@@ -191,6 +197,22 @@ def test_attention_with_a_position_bias_and_a_mask() -> None:
     assert verdict.status == "PASS", verdict.fused.compare.summary()
     groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
     assert len(groups) == 1 and groups[0].ops == ["matmul", "add", "add", "softmax", "matmul"]
+
+
+def test_attention_with_swins_shifted_window_mask() -> None:
+    """Swin adds its relative position bias, then its shifted-window mask between two reshapes: the reshapes
+    fold away (FoldReshapedAdd) and the block is one attention kernel, as the unshifted blocks are."""
+    import numpy as np
+
+    from fuseguard.verify.core import verify_model
+
+    rng = np.random.default_rng(2)
+    shift = np.where(rng.random((1, 4, 1, 49, 49)) < 0.4, -100.0, 0.0)
+    verdict = verify_model(_attention_onnx(windows=4, scale=np.float32(0.17), bias=rng.normal(size=(4, 49, 49)),
+                                           shift_mask=shift))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
+    assert len(groups) == 1 and groups[0].ops == ["matmul", "multiply", "add", "add", "softmax", "matmul"]
 
 
 @pytest.mark.parametrize("form", ["causal_fill", "masked_fill"])
