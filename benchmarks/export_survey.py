@@ -2,7 +2,7 @@
 weights kept) to check fuseguard on models the repo does not carry.
 
     pip install -e ".[zoo]"
-    python benchmarks/export_survey.py [--dynamo] [NAME...]   # writes $FUSEGUARD_SURVEY_DIR (default /tmp/extra)
+    python benchmarks/export_survey.py [--dynamo | --dynamic] [NAME...]   # writes $FUSEGUARD_SURVEY_DIR (default /tmp/extra)
     fuseguard verify /tmp/extra/*.onnx && fuseguard bench /tmp/extra/*.onnx --processes 2 --repeats 8
 
 Not part of any test: the models are large and need torch (~5 GB).
@@ -22,6 +22,8 @@ out = os.environ.get("FUSEGUARD_SURVEY_DIR", "/tmp/extra")
 os.makedirs(out, exist_ok=True)
 
 DYNAMO = "--dynamo" in sys.argv    # the exporter torch >= 2.9 uses by default, at its default opset: NAME_dynamo.onnx
+DYNAMIC = "--dynamic" in sys.argv  # TorchScript with dynamic_axes, as served models are: batch (and seq for tokens): NAME_dyn.onnx
+AXES = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
 
 def export(name, model, args, names, dynamo=DYNAMO):
     model.eval()
@@ -36,14 +38,15 @@ def export(name, model, args, names, dynamo=DYNAMO):
                 prog.optimize(); proto = prog.model_proto; name += "_dynamo"
             else:
                 buf = io.BytesIO()
-                torch.onnx.export(model, args, buf, input_names=names, output_names=["output"], opset_version=17, dynamo=False, do_constant_folding=True)
-                proto = onnx.load_from_string(buf.getvalue())
+                axes = {n: AXES.get(n, {0: "batch"}) for n in names} if DYNAMIC else None
+                torch.onnx.export(model, args, buf, input_names=names, output_names=["output"], opset_version=17, dynamo=False, do_constant_folding=True, dynamic_axes=axes)
+                proto = onnx.load_from_string(buf.getvalue()); name += "_dyn" if DYNAMIC else ""
         onnx.save(proto, f"{out}/{name}.onnx")
         print(name, len(proto.graph.node), "nodes", flush=True)
     except Exception as e:
         print(name, "FAILED", type(e).__name__, str(e).splitlines()[0][:200], flush=True)
 
-want = set(sys.argv[1:]) - {"--dynamo"}
+want = set(sys.argv[1:]) - {"--dynamo", "--dynamic"}
 vis = ["resnext50_32x4d", "convnext_tiny", "regnet_y_400mf", "mnasnet1_0", "mobilenet_v3_large", "googlenet",
        "squeezenet1_1", "swin_t", "efficientnet_b1", "regnet_x_800mf", "shufflenet_v2_x0_5", "mobilenet_v3_small", "densenet121"]
 for v in vis:

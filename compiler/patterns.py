@@ -573,7 +573,7 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     to the softmax, wherever the exporter put it; rank-3 groups ([batch*heads, seq, d]) run as one batch.
     """
     from .kernels.attention import attention_call, cuda_tile_budget
-    from .passes import const_values
+    from .passes import const_values, same_dims
 
     param_arg = dict(zip(func.params, args))
     values: dict[relax.Var, relax.Expr] = {}
@@ -669,8 +669,9 @@ def _attention_replacement(bb: relax.BlockBuilder, func: relax.Function, args: l
     if q is None or kt is None or v is None:
         return None
     operands = [q, kt]
-    for arr, which in factors:      # per head/row onto Q, per key onto K^T
-        if arr.ndim > len(q.ty.shape.values):
+    for arr, which in factors:      # per head/row onto Q, per key onto K^T, which they must not enlarge
+        dims = list(operands[which].ty.shape.values)
+        if arr.ndim > len(dims) or not all(a == 1 or same_dims([a], [d]) for a, d in zip(arr.shape[::-1], dims[::-1])):
             return None
         operands[which] = bb.emit(relax.op.multiply(operands[which], relax.const(arr.astype(str(q.ty.dtype)))))
     q, kt = operands

@@ -168,16 +168,18 @@ def test_attention_takes_a_scale_per_head_query_or_key(shape: tuple[int, ...]) -
     assert verdict.fused.report.count("attention") == 1
 
 
-def test_attention_the_tiled_kernel_refuses_is_lowered_unfused() -> None:
-    """A scale that varies along both the query and the key axis is no factor of Q or K: the pattern matches, the
-    tiled kernel does not take it, and FuseTIR would merge the five ops into one loop nest holding the score
-    matrix (Swin-V2 before its per-head scale was taken: 45 ms against 0.96 ms for the parts). Such a group is
-    vetoed with that reason and built unfused; the result is ONNX Runtime's."""
+@pytest.mark.parametrize("shape", [(1, 1, 49, 49), (2, 4, 1, 1)], ids=["per_score", "batch_widening"])
+def test_attention_the_tiled_kernel_refuses_is_lowered_unfused(shape: tuple[int, ...]) -> None:
+    """A scale that varies along both the query and the key axis is no factor of Q or K, and one that widens the
+    batch would give Q another batch than K: the pattern matches, the tiled kernel does not take it, and FuseTIR
+    would merge the five ops into one loop nest holding the score matrix (Swin-V2 before its per-head scale was
+    taken: 45 ms against 0.96 ms for the parts). Such a group is vetoed with that reason and built unfused; the
+    result is ONNX Runtime's."""
     import numpy as np
 
     from fuseguard.verify.core import verify_model
 
-    scale = np.random.default_rng(0).uniform(0.05, 0.5, size=(1, 1, 49, 49))
+    scale = np.random.default_rng(0).uniform(0.05, 0.5, size=shape)
     verdict = verify_model(_attention_onnx(scale=scale))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
     rep = verdict.fused.report
