@@ -297,7 +297,8 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
 
     GPT-Neo's causal mask (and hand-written `masked_fill` attention) selects instead of adding, which the
     attention pattern (an additive mask) cannot match. The sum equals the select bit for bit for every
-    score below 1e22 in magnitude; a constant condition becomes a constant mask.
+    score below 1e22 in magnitude; a constant condition becomes a constant mask. A select between constants
+    (BLOOM's where(c, 0, lowest)) is such a mask already.
     """
     from tvm.relax.dpl import is_const, is_op, wildcard
 
@@ -314,7 +315,7 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         c, x, f, fill_where_true = (m[cond], m[score], m[fill], False) if keep in m else \
             (m[cond2], m[score2], m[fill2], True)
         values = _np(f)
-        if tensor_dtype(x) != "float32" or values.size != 1 or not values.reshape(()) <= MASK_FILL_AT_MOST:
+        if _is_const(x) or tensor_dtype(x) != "float32" or values.size != 1 or not values.reshape(()) <= MASK_FILL_AT_MOST:
             return None
         lowest, zero = np.float32(values.reshape(())), np.float32(0)
         where_true, where_false = (lowest, zero) if fill_where_true else (zero, lowest)
@@ -329,6 +330,61 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         return relax.Call(sm.op, [inner], sm.attrs, sm.ty_args)
 
     return recognize(mod, root, rewrite, "Softmax")[0]
+
+
+@tvm.transform.module_pass(opt_level=0, name="UnflattenScores")
+def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
+    """reshape(f(matmul(q, kt)), [B, H, Sq, Sk]) over [B*H, ...] operands -> f(matmul(q', kt')) in 4-D, f up to
+    two elementwise ops with a constant or a [B*H | 1, ...] operand (reshaped alike).
+
+    BLOOM scores heads flattened into the batch (`baddbmm(alibi, q, k^T)`) and splits them before adding the
+    mask: the 4-D attention pattern then sees a reshape where the scores' matmul should be. Splitting the
+    leading dim first is the same arithmetic in the same order. The probabilities' matmul with V, flattened
+    the same way, is split alike; the reshape pairs left around the softmax then cancel."""
+    from tvm.relax.dpl import is_op, wildcard
+
+    q, kt = wildcard(), wildcard()
+    scores = is_op("relax.matmul")(q, kt)
+    operands = (wildcard(), wildcard())
+
+    def elementwise(x, operand):  # noqa: ANN001, ANN202 - DFPatterns
+        return (is_op("relax.add")(x, operand) | is_op("relax.add")(operand, x) | is_op("relax.multiply")(x, operand)
+                | is_op("relax.multiply")(operand, x) | is_op("relax.divide")(x, operand)
+                | is_op("relax.subtract")(x, operand))
+
+    one = elementwise(scores, operands[0])
+    two = elementwise(one, operands[1])
+    root = is_op("relax.reshape")(scores | one | two, wildcard())
+
+    def split(expr: relax.Expr, batch: int, heads: int) -> relax.Expr | None:
+        dims = static_dims(expr)
+        if dims is not None and len(dims) == 3 and dims[0] == batch * heads:
+            return relax.op.reshape(expr, [batch, heads, *dims[1:]])
+        if _is_const(expr) and _np(expr).size == 1:
+            return expr
+        return expr if dims is not None and (len(dims) < 3 or dims[0] == 1) else None  # the same in 3-D and 4-D
+
+    def rewrite(m: dict) -> relax.Expr | None:
+        out, flat = static_dims(m[root]), static_dims(m[scores])
+        if out is None or flat is None or len(out) != 4 or len(flat) != 3 or out[0] * out[1] != flat[0] \
+                or out[2:] != flat[1:]:
+            return None
+        batch, heads = out[0], out[1]
+        q4, kt4 = split(m[q], batch, heads), split(m[kt], batch, heads)
+        if q4 is None or kt4 is None or static_dims(m[q])[0] != flat[0] or static_dims(m[kt])[0] != flat[0]:
+            return None
+        x: relax.Expr = relax.op.matmul(q4, kt4, m[scores].attrs.out_dtype)
+        for node, operand in ((one, operands[0]), (two, operands[1])):
+            if node not in m:
+                break
+            other = split(m[operand], batch, heads)
+            if other is None:
+                return None
+            call = m[node]      # add and multiply commute exactly; divide and subtract have the scores first
+            x = relax.Call(call.op, [x, other], call.attrs, call.ty_args)
+        return x
+
+    return relax.transform.RemoveRedundantReshape()(recognize(mod, root, rewrite, "Reshape")[0])
 
 
 #: FoldReshapedAdd materialises the constant at the tensor's full size before shrinking it: at most this many

@@ -10,6 +10,7 @@
        ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        MaskedFillAsAdd              softmax(where(c, x, lowest)) -> softmax(x + mask): an attention pattern's mask
        FoldReshapedAdd              reshape(reshape(x) + c) -> x + c' (Swin's shifted-window mask)
+       UnflattenScores              [B*H, S, S] scores split to [B, H, S, S] before their matmul, not after (BLOOM)
        Conv1dAsConv2d               conv1d as a height-1 conv2d (audio front ends: no conv1d kernel)
        Conv3dAsConv2d               conv3d as one conv2d per temporal tap over the frames, summed (video)
        DropPaddingTaps              kernel rows/columns that only ever read zero padding cut off (ASPP)
@@ -81,7 +82,7 @@ from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_le
 from .precision import check as precision_check, dtype_census, to_precision
 from .passes import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves,
                      FoldReshapedAdd, KeepConv1dChains4D, MaskedFillAsAdd, NormalizeFlattenedGemm,
-                     apply_replacements)
+                     UnflattenScores, apply_replacements)
 from .target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
@@ -475,8 +476,9 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         mod = stage("int8_kernels", [tvm.transform.module_pass(_int8, opt_level=0, name="IntegerMatmuls")], mod)
         int8_matmuls, int8_quantizes = found
     mod = stage("fold_constant", [FoldConstantMoves, FoldEmptyReductions, T.FoldConstant()], mod)
-    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, FoldReshapedAdd, MaskedFillAsAdd,
-                              Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, KeepConv1dChains4D], mod)
+    mod = stage("normalize", [NormalizeFlattenedGemm, ExpandSmallPowers, FoldReshapedAdd, UnflattenScores,
+                              MaskedFillAsAdd, Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, KeepConv1dChains4D],
+                mod)
     if options.qdq:
         qdq_summary: list[QdqSummary] = []
 

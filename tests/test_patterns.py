@@ -257,3 +257,33 @@ def test_rank3_attention_is_reported_with_its_nodes() -> None:
     assert len(groups) == 1 and {"MatMul", "Add", "Softmax"} <= {n.split("_")[0] for n in groups[0].onnx_nodes}
     site = [c for c in verdict.fused.report.call_sites if c["kernel"].startswith("fused_attention")]
     assert site and site[0]["pattern"] == "attention" and site[0]["nodes"]
+
+
+def test_attention_scored_with_heads_flattened_into_the_batch() -> None:
+    """BLOOM scores [batch * heads, seq, seq] (`baddbmm` with its ALiBi bias), splits the heads out to add the mask,
+    and flattens the probabilities again for a [batch * heads, seq, dim] V: the splits move before both matmuls
+    (UnflattenScores) and the whole is one attention kernel with ALiBi and the mask as its two masks."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fuseguard.verify.core import verify_model
+
+    b, h, s, d = 1, 4, 33, 16
+    f32 = TensorProto.FLOAT
+    consts = {"alibi": np.random.default_rng(3).normal(size=(b * h, 1, s)).astype(np.float32),
+              "scale": np.float32(0.25), "split": np.array([b, h, s, s]), "flat": np.array([b * h, s, s]),
+              "out4": np.array([b, h, s, d])}
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Add", ["ss", "alibi"], ["sa"]), helper.make_node("Reshape", ["sa", "split"], ["s4"]),
+             helper.make_node("Add", ["s4", "mask"], ["sm"]), helper.make_node("Softmax", ["sm"], ["p4"], axis=-1),
+             helper.make_node("Reshape", ["p4", "flat"], ["p3"]), helper.make_node("MatMul", ["p3", "v"], ["o3"]),
+             helper.make_node("Reshape", ["o3", "out4"], ["o"])]
+    inputs = [helper.make_tensor_value_info(n, f32, [b * h, s, d]) for n in ("q", "k", "v")]
+    inputs.append(helper.make_tensor_value_info("mask", f32, [b, 1, s, s]))
+    graph = helper.make_graph(nodes, "flat_heads", inputs, [helper.make_tensor_value_info("o", f32, [b, h, s, d])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    verdict = verify_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert verdict.status == "PASS", verdict.fused.compare.summary()
+    groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
+    assert len(groups) == 1 and groups[0].ops.count("add") == 2
