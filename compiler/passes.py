@@ -315,7 +315,8 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         c, x, f, fill_where_true = (m[cond], m[score], m[fill], False) if keep in m else \
             (m[cond2], m[score2], m[fill2], True)
         values = _np(f)
-        if _is_const(x) or tensor_dtype(x) != "float32" or values.size != 1 or not values.reshape(()) <= MASK_FILL_AT_MOST:
+        if _is_const(x) or tensor_dtype(x) != "float32" or values.size != 1 \
+                or not values.reshape(()) <= MASK_FILL_AT_MOST:
             return None
         lowest, zero = np.float32(values.reshape(())), np.float32(0)
         where_true, where_false = (lowest, zero) if fill_where_true else (zero, lowest)
