@@ -93,7 +93,7 @@ def test_matmul_without_packing_and_odd_sizes(target: tvm.target.Target) -> None
     assert list(report.scheduled.values()) == ["matmul"] and not report.packed_weights
 
 
-@pytest.mark.parametrize("rows", [197, 7, 13])
+@pytest.mark.parametrize("rows", [197, 11, 13])
 def test_a_prime_row_count_keeps_a_full_row_tile(target: tvm.target.Target, rows: int) -> None:
     """197 tokens (ViT) has no divisor for the row tile: the rows are padded to whole tiles (the pad rows
     reading the last real row again) instead of falling to 1-row tiles, and every real row is right."""
@@ -141,6 +141,45 @@ def test_an_activation_times_activation_matmul_pads_odd_columns_to_vectors(targe
     lanes = host_from_target(target).fp32_lanes
     widths = [int(lp.extent) for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
     assert widths and max(widths) >= lanes, func.script()
+
+
+@pytest.mark.parametrize("shape, merged", [((1, 7, 7, 96), "7-row tiles"), ((1, 56, 56, 16), "always"),
+                                           ((64, 49, 32), "never")], ids=["nhwc7", "nhwc56", "windows"])
+def test_an_activation_batch_the_weight_ignores_is_merged_into_the_rows(target: tvm.target.Target,
+                                                                       shape: tuple[int, ...], merged: str) -> None:
+    """ConvNeXt's NHWC pointwise MLP ([1, 7, 7, C] x [C, 4C]) tiled rows of 7 under a batch loop the weight does
+    not depend on: each weight panel was read once per H (7 x 9.4 MB a call at the last stage). merge_rows makes
+    the batch part of the rows where the merged row tile divides one entry's rows (ConvNeXt-T 80.3 -> 60.0 ms,
+    Swin-V2-T 79.1 -> 64.7 ms, 2-core Sapphire Rapids). 49-token windows (Swin, MaxViT) keep their batch loop: a
+    row tile chosen to divide 49 and merged across windows measured slower (MaxViT 88.7 -> 117.1 ms).
+    A 7-row tile needs 32 vector registers (AVX-512): with 16 (AVX2) the 7x7 map keeps its batch loop too. Either
+    way the result is ORT's."""
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import s_tir
+
+    from fuseguard.compiler.schedule.cpu_matmul import match_matmul, merge_rows
+    from fuseguard.compiler.schedule.tir_analysis import root_blocks
+
+    rng = np.random.default_rng(0)
+    k, n = shape[-1], 64
+    inits = [numpy_helper.from_array((rng.standard_normal((k, n)) * 0.1).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+    graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [*shape[:-1], n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report, _ = _check(model, target)
+    assert list(report.scheduled.values()) == ["matmul+packed"]
+    mod = workloads.import_and_fuse(model, target)
+    func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    sch = s_tir.Schedule(func)
+    info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
+    host = host_from_target(target)
+    out = merge_rows(sch, info, host)
+    if merged == "always" or (merged == "7-row tiles" and host.vector_registers >= 32):
+        assert out.rows_merged and out.m == int(np.prod(shape[:-1])) and not out.batch_iters
+    else:
+        assert out is info and not out.rows_merged
 
 
 def _loops(func: tirx.PrimFunc) -> list[tirx.For]:

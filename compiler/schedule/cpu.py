@@ -29,7 +29,7 @@ from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
-from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, rows_padded, schedule_matmul
+from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, merge_rows, rows_padded, schedule_matmul
 from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
 from .packing import pack
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
@@ -401,6 +401,7 @@ def _try_matmul(
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
         pad_columns = not _constant_param(func, info.b_buffer, sites)
+        info = merge_rows(sch, info, host, pad_columns=pad_columns)
         try:
             ok = schedule_matmul(sch, info, host, pack_b=attempt_pack, parallel=threads > 1,
                                  pad_columns=pad_columns)
