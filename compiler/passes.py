@@ -372,7 +372,7 @@ def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
             return None
         batch, heads = out[0], out[1]
         q4, kt4 = split(m[q], batch, heads), split(m[kt], batch, heads)
-        if q4 is None or kt4 is None or static_dims(m[q])[0] != flat[0] or static_dims(m[kt])[0] != flat[0]:
+        if q4 is None or q4 is m[q] or kt4 is None or kt4 is m[kt]:      # both [B*H, ...], split
             return None
         x: relax.Expr = relax.op.matmul(q4, kt4, m[scores].attrs.out_dtype)
         for node, operand in ((one, operands[0]), (two, operands[1])):
@@ -844,7 +844,6 @@ class _Replacer(relax.PyExprMutator):
                 return
             self.refused.append(call.op.name_hint)
         super().visit_var_binding_(binding)
-
 
     def _kernel_of(self, expr: relax.Expr) -> str | None:
         """The hand-written kernel a replacement calls: its call_tir, or the one under the reshapes around it
