@@ -10,10 +10,10 @@ contiguously; the packing is a pure permutation, so results are bit-identical.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
@@ -124,12 +124,11 @@ def merge_rows(sch: s_tir.Schedule, info: MatmulInfo, host: HostCPU, *, pad_colu
     if not info.row_batch or info.m is None or info.rows_merged:
         return info
     ivs = sch.get(info.block).iter_vars
-    rows = info.m * int(np.prod([int_or_none(ivs[p].dom.extent) for p in info.row_batch]))
-    tiles = choose_tiles(info, host, pad_columns=pad_columns)
+    rows = info.m * math.prod(int(ivs[p].dom.extent) for p in info.row_batch)     # static: match_matmul
     merged = replace(info, m=rows, batch_iters=tuple(p for p in info.batch_iters if p not in info.row_batch),
                      rows_merged=True)
-    mtiles = choose_tiles(merged, host, pad_columns=pad_columns)
-    if tiles.pad_n or mtiles.pad_n or info.m % mtiles.mr or rows_padded(merged, mtiles):
+    tiles = choose_tiles(merged, host, pad_columns=pad_columns)
+    if tiles.pad_n or info.m % tiles.mr or rows_padded(merged, tiles):
         return info
     return merged
 
