@@ -213,16 +213,19 @@ def test_bench_process_budget_decision() -> None:
 def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every build first, then one fresh timing process of each model per round (a host phase of seconds lands on
     one process of several models, where each interval sees it); only the models still wider than --halfwidth
-    get more rounds. A stand-in worker records the calls."""
+    get more rounds. A stand-in worker records the calls. The timing processes run the pools parked, and
+    ``brief`` when asked."""
     import fuseguard.verify.worker as worker_mod
     from fuseguard.verify import cli
+    from fuseguard.verify.timing import BRIEF_TVM_SPIN_COUNT
 
     calls: list[tuple[str, str]] = []
+    pools: set[tuple[str | None, str | None]] = set()
     spread = {"conv_bn_relu": 0.5, "mlp_gelu": 0.0}      # mlp_gelu's processes agree: resolved after 2
 
     class FakeWorker:
-        def __init__(self, *a, **k) -> None:
-            pass
+        def __init__(self, *a, env=None, **k) -> None:
+            self.spin = (env or {}).get("TVM_THREAD_POOL_SPIN_COUNT")
 
         def __enter__(self):
             return self
@@ -233,6 +236,7 @@ def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch
         def call(self, fn: str, *, what: str, directory: str, **kwargs):
             model = what.split(" ")[1]
             calls.append((fn.rsplit(":", 1)[1], model))
+            pools.add((self.spin, kwargs.get("thread_pools")))
             if fn.endswith("prepare_bench"):
                 return {"model": model, "fused": {"compile_s": 0.1, "kernels": 1},
                         "unfused": {"compile_s": 0.1, "kernels": 2}}
@@ -245,6 +249,10 @@ def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch
     timing = [m.split("[")[0] for fn, m in calls if fn == "time_prepared"]
     assert [fn for fn, _ in calls[:2]] == ["prepare_bench", "prepare_bench"]
     assert timing == ["conv_bn_relu", "mlp_gelu", "conv_bn_relu", "mlp_gelu", "conv_bn_relu", "conv_bn_relu"]
+    assert pools == {("0", None), ("0", "parked")}
+    pools.clear()
+    assert cli.main(["bench", "mlp_gelu", "--processes", "2", "--thread-pools", "brief"]) == 0
+    assert pools == {(str(BRIEF_TVM_SPIN_COUNT), None), (str(BRIEF_TVM_SPIN_COUNT), "brief")}
 
 
 def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:

@@ -315,9 +315,28 @@ def test_waiting_until_idle_outlasts_a_spinning_thread() -> None:
 def test_ort_spins_only_when_asked() -> None:
     parked = timing.ort_timing_options(2)
     assert parked.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    spinning = timing.ort_timing_options(2, spinning=True)      # ORT's default: the key is not set
+    brief = timing.ort_timing_options(2, pools="brief")
+    assert brief.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert brief.get_session_config_entry("session.intra_op.spin_duration_us") == str(timing.BRIEF_ORT_SPIN_US)
+    spinning = timing.ort_timing_options(2, pools="deployed")      # ORT's default: the key is not set
     with pytest.raises(RuntimeError, match="allow_spinning"):
         spinning.get_session_config_entry("session.intra_op.allow_spinning")
+    with pytest.raises(UsageError, match="thread pools: 'spinning' is not one of parked, brief, deployed"):
+        timing.ort_timing_options(2, pools="spinning")
+
+
+def test_a_pause_separates_contenders_only_where_they_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``switch_pause_s``: a sleep before each sample whose contender differs from the one before (A B | B A:
+    none at the turn), so a briefly spinning pool has parked; none by default."""
+    monkeypatch.setattr(timing, "_preemptions", None)
+    events: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"pause{s}"))
+    fns = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    measure_interleaved(fns, warmup=0, repeats=2, min_time_s=0.0, switch_pause_s=0.5)
+    assert events == ["a", "pause0.5", "b", "b", "pause0.5", "a"]
+    events.clear()
+    measure_interleaved(fns, warmup=0, repeats=2, min_time_s=0.0)
+    assert events == ["a", "b", "b", "a"]
 
 
 def test_preempted_samples_are_retried_until_enough_are_clean(monkeypatch: pytest.MonkeyPatch) -> None:

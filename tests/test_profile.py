@@ -124,9 +124,12 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
         assert cli.main([command, "mlp_gelu"]) == 0
         assert "TVM_THREAD_POOL_SPIN_COUNT" not in seen[command], command
         assert seen[command]["TVM_NUM_THREADS"]
+    from fuseguard.verify import timing
     from fuseguard.verify.timing import timing_env
 
     assert timing_env(2)["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
+    assert timing_env(2, pools="brief")["TVM_THREAD_POOL_SPIN_COUNT"] == str(timing.BRIEF_TVM_SPIN_COUNT)
+    assert "TVM_THREAD_POOL_SPIN_COUNT" not in timing_env(2, pools="deployed")
 
 
 def test_groups_too_short_for_the_hook_are_replayed_whole() -> None:

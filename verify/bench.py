@@ -13,8 +13,11 @@ with one process it is a bootstrap over that process's rounds and says so.
 Thread pools (`--thread-pools`): ``parked`` (default) turns spin-waiting off in both runtimes, so that one's
 spinning threads cannot steal the cores of the other's run; every parallel kernel then pays a thread wake-up,
 which TVM's 50-60 kernels a convnet feel more than ORT (ResNet-50, SPR: +2.0 ms against +0.6 ms).
-``deployed`` keeps each runtime's default spinning and times each contender settled
-(`timing.measure_interleaved(settle=True)`): as a model runs deployed, at a cost of ~0.1 s a sample.
+``brief`` lets each pool spin ~0.2 ms after a parallel region and then park, with a pause between
+contenders: one run's kernels find their workers awake (figures near ``deployed``'s at a sample's cost, but
+noisier than parked: docs/measurement.md). ``deployed`` keeps each runtime's default spinning and times each
+contender settled (`timing.measure_interleaved(settle=True)`): as a model runs deployed, at a cost of ~0.1 s
+a sample.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from fuseguard.compiler import progress
 from fuseguard.compiler.cache import compile_cached
 from fuseguard.compiler.pipeline import CompileOptions
 
-from .timing import SAMPLE_BUDGET_S, measure_interleaved, ort_timing_options
+from .timing import DEFAULT_POOLS, SAMPLE_BUDGET_S, SWITCH_PAUSE_S, measure_interleaved, ort_timing_options
 
 
 @dataclass
@@ -48,7 +51,7 @@ class BenchResult:
     kernels_fused: int
     kernels_unfused: int
     processes: int = 1
-    thread_pools: str = "parked"
+    thread_pools: str = DEFAULT_POOLS
     #: 95% intervals of fused/ORT and unfused/fused (see the module docstring), and the between-process
     #: spread of the fused build's per-process medians ((max - min) / median; 0 with one process)
     fused_vs_ort_ci: tuple[float, float] | None = None
@@ -88,11 +91,11 @@ class BenchResult:
         return d
 
 
-def _ort_session(model, threads: int, optimize: bool, spinning: bool = False):
+def _ort_session(model, threads: int, optimize: bool, pools: str = DEFAULT_POOLS):
     import onnxruntime as ort
 
     return ort.InferenceSession(model.SerializeToString(),
-                                ort_timing_options(threads, optimize=optimize, spinning=spinning),
+                                ort_timing_options(threads, optimize=optimize, pools=pools),
                                 providers=["CPUExecutionProvider"])
 
 
@@ -127,11 +130,12 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
 
 def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
                   contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt"),
-                  thread_pools: str = "parked", min_sampled_s: float = SAMPLE_BUDGET_S) -> dict[str, list[float]]:
+                  thread_pools: str = DEFAULT_POOLS, min_sampled_s: float = SAMPLE_BUDGET_S) -> dict[str, list[float]]:
     """In a fresh process: load the exported builds, time the contenders interleaved (at least `repeats`
     rounds and `min_sampled_s` of samples each); usable samples. With ``thread_pools="deployed"`` the process
     must have been started with TVM's spinning on (``timing_env(against_ort=False)``), and the time budget is
-    not applied: each sample first waits ~0.1 s for the pools to go idle."""
+    not applied: each sample first waits ~0.1 s for the pools to go idle. Otherwise the process's environment
+    must match ``thread_pools`` (``timing_env(pools=...)``)."""
     deployed = thread_pools == "deployed"
     import json
     from pathlib import Path
@@ -151,12 +155,14 @@ def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int
         main = vm["main"]
         fns[f"tvm_{label}"] = (lambda main=main, args=args: main(*args))
     model = onnx.load(str(d / "model.onnx"))
-    ort_all, ort_none = _ort_session(model, threads, True, deployed), _ort_session(model, threads, False, deployed)
+    ort_all = _ort_session(model, threads, True, thread_pools)
+    ort_none = _ort_session(model, threads, False, thread_pools)
     feed = {i.name: inputs[i.name] for i in ort_all.get_inputs()}
     fns["ort"] = lambda: ort_all.run(None, feed)
     fns["ort_noopt"] = lambda: ort_none.run(None, feed)
     samples = measure_interleaved({k: fns[k] for k in contenders}, warmup=warmup, repeats=repeats, threads=threads,
-                                  settle=deployed, min_sampled_s=0.0 if deployed else min_sampled_s)
+                                  settle=deployed, min_sampled_s=0.0 if deployed else min_sampled_s,
+                                  switch_pause_s=SWITCH_PAUSE_S if thread_pools == "brief" else 0.0)
     return {k: [float(v) for v in s.usable_ms] for k, s in samples.items()}
 
 
@@ -200,7 +206,7 @@ def needs_more(result: BenchResult, target: float | None, max_processes: int) ->
 
 
 def aggregate(meta: dict, runs: Sequence[dict[str, list[float]]], threads: int,
-              thread_pools: str = "parked") -> BenchResult:
+              thread_pools: str = DEFAULT_POOLS) -> BenchResult:
     """One BenchResult from the timing processes' samples (module docstring)."""
     med = {k: [float(np.median(run[k])) for run in runs] for k in runs[0]}
     overall = {k: float(np.median(v)) for k, v in med.items()}

@@ -96,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "+-PCT%% (default 2; 0 turns it off: exactly --processes)")
     b.add_argument("--max-processes", type=positive_int, default=None, metavar="N",
                    help="fresh processes per model at most while sampling for --halfwidth (default 10)")
-    b.add_argument("--thread-pools", choices=THREAD_POOLS, default="parked",
-                   help="parked (default): spin-waiting off in both runtimes, so neither steals the other's "
-                        "cores; deployed: each runtime's default spinning, every contender timed after the "
-                        "process has gone idle, as a deployed model runs")
+    b.add_argument("--thread-pools", choices=THREAD_POOLS, default=None,
+                   help="brief (default): each runtime's pool spins ~0.1 ms after a parallel region, then "
+                        "parks, with a pause between contenders; parked: spin-waiting off in both runtimes "
+                        "(every parallel kernel wakes its workers); deployed: each runtime's default "
+                        "spinning, every contender timed after the process has gone idle, as a deployed "
+                        "model runs")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     b.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (times, "
                    "ratios against ONNX Runtime with intervals, chart)")
@@ -513,17 +515,18 @@ def _bench(args: argparse.Namespace) -> int:
     threads = args.threads or host_cores()
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     if options.dynamic:
-        if args.thread_pools != "parked":
+        if args.thread_pools not in (None, "parked"):
             raise UsageError("bench --dynamic times with the thread pools parked; leave out --thread-pools")
         if args.html:
             raise UsageError("bench --dynamic prints and writes --json only; leave out --html")
         return _bench_cliff(args, options, threads, shapes)
     if args.buckets:
         raise UsageError("--buckets pads sizes of a symbolic build: give --dynamic NAME too")
-    from .timing import timing_env
+    from .timing import DEFAULT_POOLS, timing_env
 
+    args.thread_pools = args.thread_pools or DEFAULT_POOLS
     deployed = args.thread_pools == "deployed"
-    env = {**env_for(args.plugin), **timing_env(threads, against_ort=not deployed)}
+    env = {**env_for(args.plugin), **timing_env(threads, against_ort=not deployed, pools=args.thread_pools)}
     console = Console(width=None if sys.stdout.isatty() else 160)
     results, worst = [], EXIT_OK
     import tempfile

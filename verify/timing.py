@@ -188,10 +188,16 @@ SAMPLE_BUDGET_S = 0.2
 BUDGET_MAX_ROUNDS = 200
 
 
+#: Pause before a sample whose contender differs from the previous sample's where pools spin ``brief``ly:
+#: five times their spin, so no contender starts beside another's spinning worker.
+SWITCH_PAUSE_S = 1e-3
+
+
 def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
                         min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
                         threads: int | None = None, max_rounds: int | None = None,
-                        settle: bool = False, min_sampled_s: float = 0.0) -> dict[str, Samples]:
+                        settle: bool = False, min_sampled_s: float = 0.0,
+                        switch_pause_s: float = 0.0) -> dict[str, Samples]:
     """Time several functions alternately, one sample each per round, so drift hits all of them equally.
 
     Rounds alternate direction (A B, B A, A B, ...): plain ABAB would always run B right after A, so
@@ -206,6 +212,10 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
     contender's thread pool has stopped spin-waiting) and make one untimed call, so each contender is timed
     in its own steady state with its runtime's default thread pool, as deployed, and no pool steals from
     another's run (see :data:`NO_SPIN_ENV` for what that theft costs).
+
+    ``switch_pause_s``: a sleep before each sample whose contender differs from the previous one's, so that
+    a briefly spinning pool (:data:`BRIEF_SPIN_ENV`) has parked before the next contender starts
+    (:data:`SWITCH_PAUSE_S`).
     """
     rounds_cap = 4 * repeats if max_rounds is None else max_rounds
     _check(warmup, repeats, min_time_s, rounds_cap, min_sampled_s)
@@ -221,13 +231,16 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
         switches: dict[str, list[int]] = {name: [] for name in names}
         clean = dict.fromkeys(names, 0)
         spent = dict.fromkeys(names, 0)
-        r = 0
+        r, previous = 0, None
         while (r < repeats or (r < rounds_cap and min(clean.values()) < repeats)
                or (r < budget_cap and min(spent.values()) < min_sampled_s * 1e9)):
             for name in names if r % 2 == 0 else reversed(names):
                 if settle:
                     wait_until_idle()
                     _timed(fns[name], 1, sync)
+                elif name != previous and previous is not None and switch_pause_s > 0:
+                    time.sleep(switch_pause_s)
+                previous = name
                 elapsed, preempted = _sample(fns[name], inner[name], sync)
                 times[name].append(elapsed / inner[name])
                 spent[name] += elapsed
@@ -247,13 +260,31 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
 #: Both runtimes' thread pools spin-wait after a run by default. Interleaved with each other on a 2-core
 #: machine, one's spinning threads steal the cores the other just started on: measured here, TVM's
 #: SqueezeNet went from 15.5 ms alone to 50 ms right after an ONNX Runtime run, and with both pools set
-#: not to spin each took its alone time again (15.6 ms, ORT 4.3 ms). Every timed comparison turns
-#: spinning off on both sides; set before TVM's runtime starts its pool (worker environment).
+#: not to spin each took its alone time again (15.6 ms, ORT 4.3 ms). Set before TVM's runtime starts its
+#: pool (worker environment). ``parked`` turns spinning off on both sides: `fuseguard bench` by default, the
+#: gate, the stored baselines and pytest's timings run so.
 NO_SPIN_ENV = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
+#: ``brief`` (`fuseguard bench --thread-pools brief`): each pool spin-waits up to ~0.2 ms after a parallel
+#: region, then parks. Inside one run the next kernel finds the worker still awake; between contenders (`SWITCH_PAUSE_S`
+#: apart) every pool has parked. Parked, each of TVM's kernels paid a wake-up of its worker that ORT's
+#: dynamically shared loops partly hide (ResNet-50, SPR class: +2.0 ms against +0.6 ms for ORT over their
+#: default spinning). TVM counts spins in sched_yield calls: after an idle gap of G us a parallel call took
+#: 4 us while G was under the spin and 35-60 us once the worker had parked; 100 spins parked it after 60-100
+#: us, 1000 after 100-200 us (SPR class, 2 vCPUs). In ResNet-50 100 spins were too few (fused 34.7 ms against
+#: 35.9 parked and 33.5 with 1000; 3000 spins 33.6): a worker that finishes its static share early must
+#: outlast the main thread's share too. ORT spins by time (`spin_duration_us`). Not the default: over ten
+#: models and two `bench` runs each way, 10 of 20 model-runs reached +-2% against 16 of 20 parked, at 1.3-1.7x
+#: the timing cost, and ORT gained more from it than TVM (geomean fused/ORT 1.031x against 1.002x parked;
+#: docs/measurement.md, "Brief spinning").
+BRIEF_TVM_SPIN_COUNT = 1000
+BRIEF_ORT_SPIN_US = 200
+BRIEF_SPIN_ENV = {"TVM_THREAD_POOL_SPIN_COUNT": str(BRIEF_TVM_SPIN_COUNT)}
 
-#: How `fuseguard bench` runs the runtimes' thread pools (verify/bench.py's docstring).
-THREAD_POOLS = ("parked", "deployed")
+#: How `fuseguard bench` runs the runtimes' thread pools (verify/bench.py's docstring); the first is its default.
+THREAD_POOLS = ("parked", "brief", "deployed")
+DEFAULT_POOLS = THREAD_POOLS[0]
+
 #: How long an idle process must use no CPU to count as settled, and the most one wait may take. After a run
 #: TVM's pool spin-waits ~45 ms and ORT's ~25 ms (ResNet-50, SPR class, `time.process_time` sampled every
 #: 5 ms); interleaved with default spinning and no wait, TVM read 46.7 ms against 24.2 ms alone, with a fixed
@@ -274,9 +305,11 @@ def wait_until_idle(window_s: float = IDLE_WINDOW_S, cap_s: float = IDLE_CAP_S) 
     return None
 
 
-def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[str, str]:
+def timing_env(threads: int | None = None, *, against_ort: bool = True, pools: str = "parked") -> dict[str, str]:
     """Environment for a timing worker: TVM's pool pinned to the same thread count ORT gets (TVM's default
-    counts physical cores, which halves it on SMT hosts), and no spinning where ORT is timed beside TVM.
+    counts physical cores, which halves it on SMT hosts), and where ORT is timed beside TVM, the pool mode
+    ``pools`` (:data:`THREAD_POOLS`: no spinning when ``parked``, a short spin when ``brief``, TVM's own when
+    ``deployed``).
 
     Where only TVM builds are timed (``against_ort=False``: the per-kernel profile, `tune`, fused vs
     unfused) the pool keeps TVM's default spinning, as a deployed model runs: one pool cannot steal from
@@ -285,25 +318,35 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True) -> dict[
     91 us against 53 us for its (mostly serial) unfused parts, with TVM's default 34 us against 49 us; the
     whole fused model 1331 vs 766 us. Profiled without spinning, `tune` would have split attention back
     while the whole model ran 4.5% faster with it (interleaved in one process, 3 runs)."""
+    if pools not in THREAD_POOLS:
+        raise UsageError(f"thread pools: {pools!r} is not one of {', '.join(THREAD_POOLS)}")
     if threads is None:
         from fuseguard.compiler.hostcpu import usable_cores
 
         threads = usable_cores()
-    return {**(NO_SPIN_ENV if against_ort else {}), "TVM_NUM_THREADS": str(threads)}
+    spin = {"brief": BRIEF_SPIN_ENV, "parked": NO_SPIN_ENV, "deployed": {}}[pools] if against_ort else {}
+    return {**spin, "TVM_NUM_THREADS": str(threads)}
 
 
-def ort_timing_options(threads: int, *, optimize: bool = True, spinning: bool = False):
-    """ONNX Runtime session options for a fair timing: fixed threads, no spin-waiting (unless ``spinning``:
-    ORT's default, timed settled), quiet log."""
+def ort_timing_options(threads: int, *, optimize: bool = True, pools: str = "parked"):
+    """ONNX Runtime session options for a fair timing: fixed threads, quiet log, and the pool mode ``pools``
+    (:data:`THREAD_POOLS`): none (``parked``), a spin of `BRIEF_ORT_SPIN_US` after a parallel region
+    (``brief``) or ORT's default (``deployed``, timed settled)."""
     import onnxruntime as ort
 
+    if pools not in THREAD_POOLS:
+        raise UsageError(f"thread pools: {pools!r} is not one of {', '.join(THREAD_POOLS)}")
     options = ort.SessionOptions()
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    if not spinning:
+    if pools == "parked":
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    elif pools == "brief":
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(BRIEF_ORT_SPIN_US))
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
