@@ -13,17 +13,18 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _frontend
 
 from . import onnx_attention, onnx_ops, onnx_semantics, subbyte, tags
-from .dynamic import DynamicDim, check_names, symbolic_shapes
+from .dynamic import DynamicDim, check_names, symbolic_shapes, upper_bounds
 from .errors import ModelError, UnsupportedOperatorError
 from .onnx_loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
@@ -42,17 +43,71 @@ class ImportResult:
     prepared: bool               # True when the shape-folding retry was needed
 
 
+#: The bound assumed for a dynamic dim given without one (``seq`` rather than ``seq<=N``): far below int64's
+#: maximum, so that min(2^63 - 1, seq) simplifies to seq.
+_UNBOUNDED_DIM = 2**62
+
+
+def _bounded_analyzer(dim_bounds: Mapping[tvm.tirx.Var, int | None]) -> "tvm.sym.Analyzer":
+    """An analyzer that knows each dynamic dim is >= 1 and at most its bound."""
+    from tvm.sym import Analyzer, ConstIntBound
+
+    analyzer = Analyzer()
+    for var, upper in dim_bounds.items():
+        analyzer.update(var, ConstIntBound(1, upper if upper is not None else _UNBOUNDED_DIM), override=True)
+    return analyzer
+
+
+def _shape_lost(bb: relax.BlockBuilder, sym: object) -> bool:
+    """True for a tensor result whose rank is known and its shape not (a converter could not prove its
+    inputs' symbolic extents equal)."""
+    if not isinstance(sym, relax.Expr) or isinstance(sym, relax.ShapeExpr):
+        return False
+    ty = bb.normalize(sym).ty
+    return isinstance(ty, relax.TensorType) and ty.shape is None and ty.ndim > 0
+
+
 class _TracingImporter(_frontend.ONNXGraphImporter):
     """The stock importer, binding each converted node's result to a var tagged with its index."""
 
-    def __init__(self, *args, node_index: dict[str, int], shape_ok: frozenset[str] = frozenset(), **kwargs):
+    def __init__(self, *args, node_index: dict[str, int], shape_ok: frozenset[str] = frozenset(),
+                 dim_bounds: Mapping[tvm.tirx.Var, int | None] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._node_index = node_index
         self._shape_ok = shape_ok
+        self._analyzer = _bounded_analyzer(dim_bounds) if dim_bounds else None
 
     def _convert_operator(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
         # The stock method normalises the converter's result, which binds multi-output ops (BatchNorm's
         # tuple) to anonymous vars; tag first, then normalise (same converter lookup as the original).
+        sym = self._convert(op_name, inputs, attrs, opset)
+        if self._analyzer is not None and _shape_lost(self.bb, sym):
+            settled = [self._settle(x) for x in inputs]
+            if any(a is not b for a, b in zip(settled, inputs)):
+                sym = self._convert(op_name, settled, attrs, opset)
+        index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
+        if index is not None and isinstance(sym, relax.Expr):
+            sym = self._tag(sym, tags.tag(index, op_name), [])
+        return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+
+    def _settle(self, x: object) -> object:
+        """``x`` match-cast to its shape simplified under the dynamic dims' bounds (each >= 1, <= its
+        --dynamic bound), or ``x`` itself where that changes nothing. MobileBERT's trigram embedding
+        concatenates x[:, 1:] padded by one, x, and x[:, :-1] padded by one: extents
+        min(2^63 - 1, seq) + 1 - min(1, seq), seq and min(max(seq - 1, 0), seq) + 1, equal for every seq >= 1
+        but not provably so without the bound, so Concat's result had no shape and the next Shape -> Gather
+        failed to import. The cast is checked at run time."""
+        ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) and not isinstance(x, relax.ShapeExpr) else None
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return x
+        values = list(ty.shape.values)
+        simple = [self._analyzer.simplify(v) for v in values]
+        if all(tvm_ffi.structural_equal(a, b) for a, b in zip(values, simple)):
+            return x
+        return self.bb.normalize(relax.op.reshape(x, simple))
+
+    def _convert(self, op_name, inputs, attrs, opset):  # noqa: ANN001 - frontend signature
+        """The converter's result for one node (fuseguard's own where it has one), not yet tagged."""
         convert_map = _frontend._get_convert_map()
         if op_name in onnx_ops.BUILDER_CONVERTERS and op_name not in convert_map:
             sym = onnx_ops.BUILDER_CONVERTERS[op_name](self.bb, inputs, attrs)
@@ -80,10 +135,7 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
                 attrs = onnx_semantics.conv_transpose_pads(inputs, attrs) or attrs
             op_function = convert_map[op_name].get_converter(opset)
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
-        index = self._node_index.get(attrs.get("tvm_custom", {}).get("name", ""))
-        if index is not None and isinstance(sym, relax.Expr):
-            sym = self._tag(sym, tags.tag(index, op_name), [])
-        return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+        return sym
 
     def _check_for_unsupported_ops(self, graph) -> None:  # noqa: ANN001 - frontend signature
         """The stock check, knowing fuseguard's own converters (compiler/onnx_ops.py)."""
@@ -367,13 +419,17 @@ def _raw_import(model: onnx.ModelProto, loaded: LoadedModel, label: str,
             dtypes[vi.name] = subbyte.ml_dtype(vi.type.tensor_type.elem_type).name
     node_index = {n.name: i for i, n in enumerate(model.graph.node)}
     opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
+    shapes = _input_shapes(loaded, dynamic)
+    uppers = upper_bounds(dynamic)
     importer = _Importer(
-        _input_shapes(loaded, dynamic),
+        shapes,
         dtypes,
         keep_params_in_input=False,
         sanitize=True,
         node_index=node_index,
         shape_ok=_shape_consumed(model),
+        dim_bounds={d: uppers.get(d.name) for dims in shapes.values() for d in dims
+                    if isinstance(d, tvm.tirx.Var)},
     )
     # The frontend prints "Error converting operator ..." with whole Relax expressions before re-raising.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):

@@ -385,7 +385,10 @@ def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
             x = relax.Call(call.op, [x, other], call.attrs, call.ty_args)
         return x
 
-    return relax.transform.RemoveRedundantReshape()(recognize(mod, root, rewrite, "Reshape")[0])
+    # Only where a split was made: TVM's RemoveRedundantReshape segfaulted on MobileBERT's dynamic export (a
+    # symbolic batch and sequence, match-cast trigram embedding), which has no flattened scores to split.
+    out, rewritten = recognize(mod, root, rewrite, "Reshape")
+    return relax.transform.RemoveRedundantReshape()(out) if rewritten else out
 
 
 #: FoldReshapedAdd materialises the constant at the tensor's full size before shrinking it: at most this many

@@ -212,3 +212,47 @@ def test_a_conv_with_a_symbolic_image_size_builds_and_verifies() -> None:
                              draws=6)
     assert verdict.fused.error is None and verdict.unfused.error is None, verdict.fused.error or verdict.unfused.error
     assert verdict.failing is None and verdict.sizes_checked >= 3
+
+
+def test_extents_equal_only_for_a_positive_dim_are_settled_at_import() -> None:
+    """MobileBERT's trigram embedding: concat(pad(x[:, 1:]), x, pad(x[:, :-1])) along the features. The three
+    extents along seq (min(2^63 - 1, seq) + 1 - min(1, seq), seq, min(max(seq - 1, 0), seq) + 1) are equal for
+    every seq >= 1 but not provably so for any int: Concat's result had no shape and the Shape -> Gather
+    behind it did not import. Simplified under the dims' bounds (>= 1, <= their --dynamic bound), they are."""
+    from onnx import TensorProto, helper
+
+    big = 2**63 - 1
+    g = helper.make_graph(
+        [helper.make_node("Slice", ["x", "one", "big", "axis1"], ["a"]),
+         helper.make_node("Pad", ["a", "pad_end"], ["ap"]),
+         helper.make_node("Slice", ["x", "zero", "minus1", "axis1"], ["b"]),
+         helper.make_node("Pad", ["b", "pad_start"], ["bp"]),
+         helper.make_node("Concat", ["ap", "x", "bp"], ["c"], axis=2),
+         helper.make_node("Shape", ["c"], ["s"]),
+         helper.make_node("Gather", ["s", "one_scalar"], ["n"], axis=0),
+         helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+         helper.make_node("Concat", ["n1", "three_four"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["c", "shape"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 3, 4])],
+        initializer=[helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+                     helper.make_tensor("big", TensorProto.INT64, [1], [big]),
+                     helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+                     helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("minus1", TensorProto.INT64, [1], [-1]),
+                     helper.make_tensor("pad_end", TensorProto.INT64, [6], [0, 0, 0, 0, 1, 0]),
+                     helper.make_tensor("pad_start", TensorProto.INT64, [6], [0, 1, 0, 0, 0, 0]),
+                     helper.make_tensor("one_scalar", TensorProto.INT64, [], [1]),
+                     helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("three_four", TensorProto.INT64, [2], [3, 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for spec in ("seq<=64", "seq"):
+        compiled = compile_model(model, options=CompileOptions(dynamic=parse_dynamic(spec)), name="trigram")
+        for seq in (1, 5, 16):
+            x = np.random.default_rng(seq).standard_normal((1, seq, 4)).astype("float32")
+            zeros = np.zeros((1, 1, 4), "float32")
+            want = np.concatenate([np.concatenate([x[:, 1:], zeros], 1), x,
+                                   np.concatenate([zeros, x[:, :-1]], 1)], 2).reshape(seq, 3, 4)
+            (y,) = compiled.run({"x": x})
+            np.testing.assert_array_equal(y, want)
