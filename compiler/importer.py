@@ -126,6 +126,8 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         if sym is None and op_name == "Gather" and len(inputs) == 2 and \
                 attrs.get("tvm_custom", {}).get("name", "") in self._shape_ok:
             sym = _gather_shape(inputs, attrs)
+        if sym is None and op_name == "Gather" and len(inputs) == 2 and self._analyzer is not None:
+            sym = _gather_static_dims(inputs, attrs)
         if sym is None:
             if op_name == "Resize":
                 inputs, attrs = onnx_ops.resize_inputs(inputs, attrs)
@@ -260,6 +262,27 @@ def _gather_shape(inputs: list, attrs: dict) -> relax.Expr | None:
     if not all(-len(values) <= int(i) < len(values) for i in arr):
         return None
     return relax.ShapeExpr([values[int(i)] for i in arr])
+
+
+def _gather_static_dims(inputs: list, attrs: dict) -> relax.Expr | None:
+    """`Gather(Shape(x), [i, ...])` selecting only static dims of x -> an int64 constant (symbolic builds).
+
+    The stock converter gathers a non-0-D index from the shape at run time; ShuffleNetV2's `chunk(2, dim=1)`
+    computes its Slice bounds as Gather(Shape(x), [1]) + 1) / 2 * k, so with a symbolic batch every Slice had
+    tensor bounds, no output shape, and the model did not import. A constant folds through that arithmetic
+    (TVM's converters compute constant inputs) and the Slice comes out static."""
+    data, indices = inputs
+    if not isinstance(data, relax.ShapeExpr) or int(attrs.get("axis", 0)) != 0:
+        return None
+    arr = _const_array(indices)
+    values = list(data.values)
+    if arr is None or arr.ndim == 0 or arr.dtype.kind not in "iu" \
+            or not all(-len(values) <= int(i) < len(values) for i in arr.reshape(-1)):
+        return None
+    picked = [values[int(i)] for i in arr.reshape(-1)]
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in picked):
+        return None
+    return relax.const(np.array([int(v.value) for v in picked], dtype="int64").reshape(arr.shape))
 
 
 _const_array = onnx_ops.const_values      # the value of a relax constant, else None (a Var or a computed tensor)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from fuseguard.compiler.dynamic import DynamicDim, parse_dynamic, relabel
@@ -256,3 +257,33 @@ def test_extents_equal_only_for_a_positive_dim_are_settled_at_import() -> None:
                                    np.concatenate([zeros, x[:, :-1]], 1)], 2).reshape(seq, 3, 4)
             (y,) = compiled.run({"x": x})
             np.testing.assert_array_equal(y, want)
+
+
+def test_slice_bounds_computed_from_a_static_dim_stay_static_under_a_symbolic_batch() -> None:
+    """ShuffleNetV2's `chunk(2, dim=1)`: Slice(x, 0, (Gather(Shape(x), [1]) + 1) / 2, axis 1). With the batch
+    symbolic, TVM's frontend gathered the channel count at run time, the Slice had tensor bounds and no
+    shape, and the model did not import (nor after ORT's folding, which cannot read that dim where a
+    computed Reshape made it: ShuffleNet); the gathered static dim is a constant, imported directly here."""
+    from onnx import TensorProto, helper
+
+    def const(name: str, values: list[int]) -> onnx.TensorProto:
+        return helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "one"], ["c"], axis=0),
+         helper.make_node("Add", ["c", "one"], ["c1"]),
+         helper.make_node("Div", ["c1", "two"], ["half"]),
+         helper.make_node("Slice", ["x", "zero", "half", "one"], ["y"]),
+         helper.make_node("Relu", ["y"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6, 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3, 3])],
+        initializer=[const("one", [1]), const("two", [2]), const("zero", [0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    compiled = compile_model(model, options=CompileOptions(dynamic=parse_dynamic("batch<=4")), name="chunk")
+    assert compiled.report.imported_via == "onnx"       # not through ONNX Runtime's shape folding
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 6, 3)).astype("float32")
+        (z,) = compiled.run({"x": x})
+        np.testing.assert_array_equal(z, np.maximum(x[:, :3], 0))
