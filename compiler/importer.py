@@ -91,12 +91,13 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
         return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
 
     def _settle(self, x: object) -> object:
-        """``x`` match-cast to its shape simplified under the dynamic dims' bounds (each >= 1, <= its
-        --dynamic bound), or ``x`` itself where that changes nothing. MobileBERT's trigram embedding
-        concatenates x[:, 1:] padded by one, x, and x[:, :-1] padded by one: extents
-        min(2^63 - 1, seq) + 1 - min(1, seq), seq and min(max(seq - 1, 0), seq) + 1, equal for every seq >= 1
-        but not provably so without the bound, so Concat's result had no shape and the next Shape -> Gather
-        failed to import. The cast is checked at run time."""
+        """``x`` reshaped to its shape simplified under the dynamic dims' bounds (each >= 1, <= its --dynamic
+        bound), or ``x`` itself where that changes nothing. MobileBERT's trigram embedding concatenates
+        x[:, 1:] padded by one, x, and x[:, :-1] padded by one: extents min(2^63 - 1, seq) + 1 - min(1, seq),
+        seq and min(max(seq - 1, 0), seq) + 1, equal for every seq >= 1 but not provably so without the
+        bound, so Concat's result had no shape and the next Shape -> Gather failed to import. The reshape is
+        a view, checked at run time (element counts); a match_cast in its place segfaulted in TVM's
+        RemoveRedundantReshape and later in the `dce` stage."""
         ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) and not isinstance(x, relax.ShapeExpr) else None
         if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
             return x
@@ -268,7 +269,7 @@ def _gather_static_dims(inputs: list, attrs: dict) -> relax.Expr | None:
     """`Gather(Shape(x), [i, ...])` selecting only static dims of x -> an int64 constant (symbolic builds).
 
     The stock converter gathers a non-0-D index from the shape at run time; ShuffleNetV2's `chunk(2, dim=1)`
-    computes its Slice bounds as Gather(Shape(x), [1]) + 1) / 2 * k, so with a symbolic batch every Slice had
+    computes its Slice bounds as (Gather(Shape(x), [1]) + 1) / 2 * k, so with a symbolic batch every Slice had
     tensor bounds, no output shape, and the model did not import. A constant folds through that arithmetic
     (TVM's converters compute constant inputs) and the Slice comes out static."""
     data, indices = inputs

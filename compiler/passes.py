@@ -385,8 +385,9 @@ def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
             x = relax.Call(call.op, [x, other], call.attrs, call.ty_args)
         return x
 
-    # Only where a split was made: TVM's RemoveRedundantReshape segfaulted on MobileBERT's dynamic export (a
-    # symbolic batch and sequence, match-cast trigram embedding), which has no flattened scores to split.
+    # Only where a split was made: TVM's RemoveRedundantReshape segfaulted on MobileBERT's dynamic export
+    # (symbolic batch and sequence, its trigram embedding match-cast at import while that was tried), which has
+    # no flattened scores to split; every other model keeps its reshapes as they were before this pass.
     out, rewritten = recognize(mod, root, rewrite, "Reshape")
     return relax.transform.RemoveRedundantReshape()(out) if rewritten else out
 

@@ -130,7 +130,8 @@ def prepare_bench(source: Any, directory: str, *, shapes: Mapping[str, Sequence[
 
 def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2,
                   contenders: Sequence[str] = ("tvm_fused", "tvm_unfused", "ort", "ort_noopt"),
-                  thread_pools: str = DEFAULT_POOLS, min_sampled_s: float = SAMPLE_BUDGET_S) -> dict[str, list[float]]:
+                  thread_pools: str = DEFAULT_POOLS,
+                  min_sampled_s: float = SAMPLE_BUDGET_S) -> dict[str, list[float]]:
     """In a fresh process: load the exported builds, time the contenders interleaved (at least `repeats`
     rounds and `min_sampled_s` of samples each); usable samples. With ``thread_pools="deployed"`` the process
     must have been started with TVM's spinning on (``timing_env(against_ort=False)``), and the time budget is

@@ -97,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-processes", type=positive_int, default=None, metavar="N",
                    help="fresh processes per model at most while sampling for --halfwidth (default 10)")
     b.add_argument("--thread-pools", choices=THREAD_POOLS, default=None,
-                   help="brief (default): each runtime's pool spins ~0.1 ms after a parallel region, then "
-                        "parks, with a pause between contenders; parked: spin-waiting off in both runtimes "
-                        "(every parallel kernel wakes its workers); deployed: each runtime's default "
-                        "spinning, every contender timed after the process has gone idle, as a deployed "
-                        "model runs")
+                   help="parked (default): spin-waiting off in both runtimes, so neither steals the other's "
+                        "cores; brief: each pool spins ~0.2 ms after a parallel region, then parks, with a "
+                        "1 ms pause between contenders (one run's kernels find their workers awake); "
+                        "deployed: each runtime's default spinning, every contender timed after the "
+                        "process has gone idle, as a deployed model runs")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     b.add_argument("--html", default=None, metavar="FILE", help="write a self-contained HTML page (times, "
                    "ratios against ONNX Runtime with intervals, chart)")

@@ -266,8 +266,8 @@ def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int 
 NO_SPIN_ENV = {"TVM_THREAD_POOL_SPIN_COUNT": "0"}
 
 #: ``brief`` (`fuseguard bench --thread-pools brief`): each pool spin-waits up to ~0.2 ms after a parallel
-#: region, then parks. Inside one run the next kernel finds the worker still awake; between contenders (`SWITCH_PAUSE_S`
-#: apart) every pool has parked. Parked, each of TVM's kernels paid a wake-up of its worker that ORT's
+#: region, then parks. Inside one run the next kernel finds the worker still awake; between contenders
+#: (`SWITCH_PAUSE_S` apart) every pool has parked. Parked, each of TVM's kernels paid a wake-up of its worker that ORT's
 #: dynamically shared loops partly hide (ResNet-50, SPR class: +2.0 ms against +0.6 ms for ORT over their
 #: default spinning). TVM counts spins in sched_yield calls: after an idle gap of G us a parallel call took
 #: 4 us while G was under the spin and 35-60 us once the worker had parked; 100 spins parked it after 60-100
