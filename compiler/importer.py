@@ -129,6 +129,8 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
             sym = _gather_shape(inputs, attrs)
         if sym is None and op_name == "Gather" and len(inputs) == 2 and self._analyzer is not None:
             sym = _gather_static_dims(inputs, attrs)
+        if sym is None and op_name == "Tile" and len(inputs) == 2 and self._analyzer is not None:
+            sym = _tile_symbolic(inputs[0], self._shape_values(inputs[1]))
         if sym is None:
             if op_name == "Resize":
                 inputs, attrs = onnx_ops.resize_inputs(inputs, attrs)
@@ -138,7 +140,19 @@ class _TracingImporter(_frontend.ONNXGraphImporter):
                 attrs = onnx_semantics.conv_transpose_pads(inputs, attrs) or attrs
             op_function = convert_map[op_name].get_converter(opset)
             sym = op_function(self.bb, inputs, attrs, [self._nodes, self._params])
+        if self._analyzer is not None and isinstance(sym, relax.ShapeExpr) \
+                and attrs.get("tvm_custom", {}).get("name", "") not in self._shape_ok:
+            # A shape some reader cannot take as one (DeBERTa's Tile repeats): TVM's frontend refuses it there.
+            sym = relax.op.shape_to_tensor(sym)
         return sym
+
+    def _shape_values(self, x: object) -> list | None:
+        """The dims of a shape that reached a tensor as `shape_to_tensor(ShapeExpr)` (above), else None."""
+        expr = self.bb.lookup_binding(x) if isinstance(x, relax.Var) else x
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.shape_to_tensor" \
+                and isinstance(expr.args[0], relax.ShapeExpr):
+            return list(expr.args[0].values)
+        return None
 
     def _check_for_unsupported_ops(self, graph) -> None:  # noqa: ANN001 - frontend signature
         """The stock check, knowing fuseguard's own converters (compiler/onnx_ops.py)."""
@@ -284,6 +298,21 @@ def _gather_static_dims(inputs: list, attrs: dict) -> relax.Expr | None:
     if not all(isinstance(v, tvm.tirx.IntImm) for v in picked):
         return None
     return relax.const(np.array([int(v.value) for v in picked], dtype="int64").reshape(arr.shape))
+
+
+def _tile_symbolic(data: relax.Expr, repeats: list | None) -> relax.Expr | None:
+    """Tile with repeats that are symbolic dims: x (d0, d1, ...) reshaped to (1, d0, 1, d1, ...), broadcast to
+    (r0, d0, r1, d1, ...) and merged to (r0 * d0, r1 * d1, ...), the order Tile repeats in. DeBERTa-v2 tiles
+    its relative-position projections by batch * heads / heads-per-row, a count TVM's Tile (static repeats
+    only) could not take with a symbolic batch."""
+    ty = getattr(data, "ty", None)
+    if repeats is None or not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr) \
+            or len(repeats) != len(ty.shape.values) or all(isinstance(r, tvm.tirx.IntImm) for r in repeats):
+        return None
+    dims = list(ty.shape.values)
+    spread = relax.op.reshape(data, [v for d in dims for v in (1, d)])
+    tiled = relax.op.broadcast_to(spread, [v for r, d in zip(repeats, dims) for v in (r, d)])
+    return relax.op.reshape(tiled, [r * d for r, d in zip(repeats, dims)])
 
 
 _const_array = onnx_ops.const_values      # the value of a relax constant, else None (a Var or a computed tensor)

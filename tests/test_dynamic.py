@@ -287,3 +287,33 @@ def test_slice_bounds_computed_from_a_static_dim_stay_static_under_a_symbolic_ba
         x = np.random.default_rng(batch).standard_normal((batch, 6, 3)).astype("float32")
         (z,) = compiled.run({"x": x})
         np.testing.assert_array_equal(z, np.maximum(x[:, :3], 0))
+
+
+def test_tile_repeats_read_off_a_symbolic_dim() -> None:
+    """DeBERTa-v2 tiles its relative-position projections by a count computed from the batch: the repeats come
+    out of Concat as a shape, which TVM's frontend refuses for Tile (and its Tile takes static repeats only),
+    so the model did not import with a symbolic batch, nor after ORT's folding. The shape becomes a tensor
+    where a reader cannot take it, and Tile by symbolic dims is broadcast + reshape."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+         helper.make_node("Unsqueeze", ["b", "axis0"], ["b1"]),
+         helper.make_node("Concat", ["b1", "ones"], ["reps"], axis=0),
+         helper.make_node("Tile", ["w", "reps"], ["t"]),
+         helper.make_node("Add", ["t", "x"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 3])],
+        initializer=[helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+                     helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("ones", TensorProto.INT64, [2], [1, 1]),
+                     helper.make_tensor("w", TensorProto.FLOAT, [1, 2, 3], [float(i) for i in range(6)])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    compiled = compile_model(model, options=CompileOptions(dynamic=parse_dynamic("batch<=4")), name="tile")
+    w = np.arange(6, dtype="float32").reshape(1, 2, 3)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 2, 3)).astype("float32")
+        (y,) = compiled.run({"x": x})
+        np.testing.assert_array_equal(y, np.tile(w, (batch, 1, 1)) + x)
