@@ -262,21 +262,29 @@ def _int_scalar(x: object) -> "int | tvm.tirx.PrimExpr | None":
     return None
 
 
+def _picked_dims(inputs: list, attrs: dict) -> tuple[list, tuple[int, ...]] | None:
+    """The dims `Gather(Shape(x), idx)` picks, and idx's shape: a constant integer index of rank >= 1 on axis
+    0 of a ShapeExpr, every entry in range; else None."""
+    data, indices = inputs
+    if not isinstance(data, relax.ShapeExpr) or int(attrs.get("axis", 0)) != 0:
+        return None
+    arr = _const_array(indices)
+    values = list(data.values)
+    if arr is None or arr.ndim == 0 or arr.dtype.kind not in "iu" \
+            or not all(-len(values) <= int(i) < len(values) for i in arr.reshape(-1)):
+        return None
+    return [values[int(i)] for i in arr.reshape(-1)], arr.shape
+
+
 def _gather_shape(inputs: list, attrs: dict) -> relax.Expr | None:
     """`Gather(Shape(x), [i, j, ...])` (a constant index vector: ORT's transpose optimiser writes the
     permuted shape of a transposed tensor so) stays a ShapeExpr of x's dims. The stock converter keeps
     only a 0-D index symbolic and materialises any other as an int64 tensor, so every Reshape behind it
     (LLaMA's attention heads with a symbolic batch and sequence) had a tensor-valued, unimportable shape."""
-    data, indices = inputs
-    if not isinstance(data, relax.ShapeExpr) or int(attrs.get("axis", 0)) != 0:
+    picked = _picked_dims(inputs, attrs)
+    if picked is None or len(picked[1]) != 1:
         return None
-    arr = _const_array(indices)
-    if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
-        return None
-    values = list(data.values)
-    if not all(-len(values) <= int(i) < len(values) for i in arr):
-        return None
-    return relax.ShapeExpr([values[int(i)] for i in arr])
+    return relax.ShapeExpr(picked[0])
 
 
 def _gather_static_dims(inputs: list, attrs: dict) -> relax.Expr | None:
@@ -286,18 +294,11 @@ def _gather_static_dims(inputs: list, attrs: dict) -> relax.Expr | None:
     computes its Slice bounds as (Gather(Shape(x), [1]) + 1) / 2 * k, so with a symbolic batch every Slice had
     tensor bounds, no output shape, and the model did not import. A constant folds through that arithmetic
     (TVM's converters compute constant inputs) and the Slice comes out static."""
-    data, indices = inputs
-    if not isinstance(data, relax.ShapeExpr) or int(attrs.get("axis", 0)) != 0:
+    picked = _picked_dims(inputs, attrs)
+    if picked is None or not all(isinstance(v, tvm.tirx.IntImm) for v in picked[0]):
         return None
-    arr = _const_array(indices)
-    values = list(data.values)
-    if arr is None or arr.ndim == 0 or arr.dtype.kind not in "iu" \
-            or not all(-len(values) <= int(i) < len(values) for i in arr.reshape(-1)):
-        return None
-    picked = [values[int(i)] for i in arr.reshape(-1)]
-    if not all(isinstance(v, tvm.tirx.IntImm) for v in picked):
-        return None
-    return relax.const(np.array([int(v.value) for v in picked], dtype="int64").reshape(arr.shape))
+    values, shape = picked
+    return relax.const(np.array([int(v.value) for v in values], dtype="int64").reshape(shape))
 
 
 def _tile_symbolic(data: relax.Expr, repeats: list | None) -> relax.Expr | None:

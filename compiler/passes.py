@@ -385,9 +385,9 @@ def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
             x = relax.Call(call.op, [x, other], call.attrs, call.ty_args)
         return x
 
-    # Only where a split was made: TVM's RemoveRedundantReshape segfaulted on MobileBERT's dynamic export
-    # (symbolic batch and sequence, its trigram embedding match-cast at import while that was tried), which has
-    # no flattened scores to split; every other model keeps its reshapes as they were before this pass.
+    # Only where a split was made, so every other model keeps its reshapes as they were before this pass. TVM's
+    # RemoveRedundantReshape segfaulted on MobileBERT's dynamic export while the importer match-cast its
+    # trigram embedding; with the reshape it uses now (importer._settle) it runs there without a crash.
     out, rewritten = recognize(mod, root, rewrite, "Reshape")
     return relax.transform.RemoveRedundantReshape()(out) if rewritten else out
 

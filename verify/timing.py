@@ -305,6 +305,11 @@ def wait_until_idle(window_s: float = IDLE_WINDOW_S, cap_s: float = IDLE_CAP_S) 
     return None
 
 
+def _check_pools(pools: str) -> None:
+    if pools not in THREAD_POOLS:
+        raise UsageError(f"thread pools: {pools!r} is not one of {', '.join(THREAD_POOLS)}")
+
+
 def timing_env(threads: int | None = None, *, against_ort: bool = True, pools: str = "parked") -> dict[str, str]:
     """Environment for a timing worker: TVM's pool pinned to the same thread count ORT gets (TVM's default
     counts physical cores, which halves it on SMT hosts), and where ORT is timed beside TVM, the pool mode
@@ -318,8 +323,7 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True, pools: s
     91 us against 53 us for its (mostly serial) unfused parts, with TVM's default 34 us against 49 us; the
     whole fused model 1331 vs 766 us. Profiled without spinning, `tune` would have split attention back
     while the whole model ran 4.5% faster with it (interleaved in one process, 3 runs)."""
-    if pools not in THREAD_POOLS:
-        raise UsageError(f"thread pools: {pools!r} is not one of {', '.join(THREAD_POOLS)}")
+    _check_pools(pools)
     if threads is None:
         from fuseguard.compiler.hostcpu import usable_cores
 
@@ -334,8 +338,7 @@ def ort_timing_options(threads: int, *, optimize: bool = True, pools: str = "par
     (``brief``) or ORT's default (``deployed``, timed settled)."""
     import onnxruntime as ort
 
-    if pools not in THREAD_POOLS:
-        raise UsageError(f"thread pools: {pools!r} is not one of {', '.join(THREAD_POOLS)}")
+    _check_pools(pools)
     options = ort.SessionOptions()
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
