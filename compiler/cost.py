@@ -30,7 +30,7 @@ class CostEstimate:
 
     bytes_saved: int          # global-memory traffic avoided (intermediates not written and re-read)
     launches_saved: int       # kernels (GPU launches / CPU parallel regions) avoided
-    predicted_us: float       # bytes_saved / bandwidth + launches_saved * launch overhead
+    predicted_us: float       # each intermediate at its cache level's bandwidth + launches x launch overhead
 
     @property
     def beneficial(self) -> bool:
@@ -87,19 +87,34 @@ def tensor_bytes(expr: relax.Expr) -> int:
     return math.prod(dims) * max(1, bits // 8)
 
 
+def bandwidth_gbs(nbytes: int, hw: Hardware) -> float:
+    """The rate an unfused kernel moves a tensor of ``nbytes`` at: from L2 where it fills at most half of all
+    cores' L2, from L3 where it fills at most half of L3, else DRAM (CPU rows; a GPU row has DRAM only)."""
+    if hw.l2_bandwidth_gbs and 2 * nbytes <= hw.l2_bytes * max(1, hw.cores):
+        return hw.l2_bandwidth_gbs
+    if hw.l3_bandwidth_gbs and 2 * nbytes <= hw.l3_bytes:
+        return hw.l3_bandwidth_gbs
+    return hw.mem_bandwidth_gbs
+
+
+def traffic_us(nbytes: int, times: int, hw: Hardware) -> float:
+    """Microseconds to move a tensor of ``nbytes`` ``times`` times (each write or read of it)."""
+    return nbytes * times / (bandwidth_gbs(nbytes, hw) * 1e3)
+
+
 def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
     """Default cost: each intermediate tensor is written once and read once per consumer when unfused."""
     out = match.output_var()
-    saved = 0
+    saved, us = 0, 0.0
     for var in match.vars:
         if var is out:
             continue
         nbytes = tensor_bytes(var)
         readers = max(1, len([u for u in match.var_usages.get(var, [])]))
         saved += nbytes * (1 + readers)
+        us += traffic_us(nbytes, 1 + readers, hw)
     launches = max(0, len(match.ops) - 1)
-    us = saved / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us
-    return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us)
+    return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us + launches * hw.launch_overhead_us)
 
 
 def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
@@ -113,9 +128,9 @@ def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
     # tensor the size of the input (the two means are 1/C of that and are ignored).
     nbytes = tensor_bytes(match.output_var())
     extra = (merged - 1) * 2 * nbytes
-    launches = base.launches_saved + merged - 1
-    return CostEstimate(base.bytes_saved + extra, launches,
-                        (base.bytes_saved + extra) / (hw.mem_bandwidth_gbs * 1e3) + launches * hw.launch_overhead_us)
+    return CostEstimate(base.bytes_saved + extra, base.launches_saved + merged - 1,
+                        base.predicted_us + traffic_us(nbytes, 2 * (merged - 1), hw)
+                        + (merged - 1) * hw.launch_overhead_us)
 
 
 def merged_nodes(var: relax.Var | None) -> int:

@@ -287,3 +287,26 @@ def test_attention_scored_with_heads_flattened_into_the_batch() -> None:
     assert verdict.status == "PASS", verdict.fused.compare.summary()
     groups = [g for g in verdict.fused.report.groups if g.pattern == "attention"]
     assert len(groups) == 1 and groups[0].ops.count("add") == 2
+
+
+def test_the_cpu_estimate_moves_a_tensor_at_the_rate_of_the_cache_it_fits() -> None:
+    from fuseguard.compiler.cost import bandwidth_gbs, traffic_us
+    from fuseguard.compiler.hardware import MiB, for_target, host_cpu
+
+    hw = host_cpu("generic")
+    small, large = 64 * 1024, 4 * hw.l3_bytes
+    assert bandwidth_gbs(small, hw) == hw.l2_bandwidth_gbs > hw.l3_bandwidth_gbs > bandwidth_gbs(large, hw)
+    assert bandwidth_gbs(large, hw) == hw.mem_bandwidth_gbs
+    assert traffic_us(small, 2, hw) < small * 2 / (hw.mem_bandwidth_gbs * 1e3)
+    # A GPU row has no cache rows: DRAM for every size, as gpu_cost reads it.
+    gpu = for_target("cuda", "sm_80")
+    assert bandwidth_gbs(small, gpu) == bandwidth_gbs(64 * MiB, gpu) == gpu.mem_bandwidth_gbs
+
+
+def test_a_small_layernorm_group_is_not_predicted_to_save_more_than_it_could_cost() -> None:
+    """The decomposed LayerNorm of a [1, 16, 256] tensor (16 KiB): its nine unfused kernels cost ~1 us each
+    (a VM call and a parallel fork/join, the data from L2), ~10 us predicted; the estimate with DRAM
+    bandwidth and a parked worker's 5 us a kernel had predicted 53 us."""
+    b = build("softmax_layernorm")
+    ln = [d for d in b.report.decisions if d.pattern == "layernorm" and d.fused]
+    assert ln and 0 < ln[0].predicted_us < 15, ln[0].predicted_us
