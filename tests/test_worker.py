@@ -235,3 +235,14 @@ def test_errors_pickle_and_format_seconds() -> None:
         assert type(copy) is type(err) and str(copy) == str(err)
     assert str(WorkerTimeout("running X", 300.0)) == "timed out after 300 s while running X"
     assert [format_seconds(s) for s in (1, 1.0, 0.5, 2.25, 12.7)] == ["1 s", "1 s", "0.5 s", "2.25 s", "13 s"]
+
+
+def test_a_timing_worker_keeps_torch_out_of_its_start() -> None:
+    """tvm_ffi imports torch whenever it is installed (2.1 s of a fresh process's 3.4 s `import tvm`, SPR
+    class): a timing worker, started fresh for every sample set, hides it; other workers do not."""
+    from fuseguard.verify.timing import timing_env
+
+    with Worker(sys_path=[TESTS_DIR], env=timing_env(2)) as w:
+        assert w.call("worker_tasks:torch_after_importing_tvm", what="importing tvm") == "hidden"
+    with Worker(sys_path=[TESTS_DIR]) as w:
+        assert w.call("worker_tasks:torch_after_importing_tvm", what="importing tvm") in ("absent", "imported")

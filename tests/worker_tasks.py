@@ -81,3 +81,12 @@ def allocate(nbytes: int) -> int:
 def sleep_then_getpid(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+def torch_after_importing_tvm() -> str:
+    """'hidden' where the worker keeps torch out (a None entry), else 'absent' or 'imported'."""
+    import tvm  # noqa: F401
+
+    if "torch" not in sys.modules:
+        return "absent"
+    return "hidden" if sys.modules["torch"] is None else "imported"

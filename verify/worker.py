@@ -56,6 +56,8 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[1]); "
               "from fuseguard.verify.worker import _child_main; _child_main(int(sys.argv[2]))")
 _TAIL_LINES = 40
+#: set in a worker's environment: it never imports torch (`_child_main`; compiler/settings.py)
+NO_TORCH = "FUSEGUARD_WORKER_NO_TORCH"
 _TAIL_BYTES = 16 * 1024
 _LOG_TRUNCATE_BYTES = 4 * 1024 * 1024
 _POLL_SLICE_S = 1.0      # re-check the child's exit status at least this often
@@ -536,6 +538,12 @@ def _child_main(fd: int) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # and on request, before a timeout kill
     config = pickle.loads(conn.recv_bytes())
     sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
+    from fuseguard.compiler import settings
+
+    if settings.flag(NO_TORCH):
+        # tvm_ffi imports torch first thing when it is installed: 2.1 s of a 3.4 s `import tvm` (SPR class), paid
+        # by every fresh timing process. A None entry makes `import torch` fail fast, as where it is not installed.
+        sys.modules.setdefault("torch", None)  # type: ignore[assignment]
     if config["memory_limit"] is not None:
         _limit_memory(config["memory_limit"])
     _watch_parent(os.getppid())
