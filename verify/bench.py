@@ -196,8 +196,12 @@ def halfwidth(estimate: float, interval: tuple[float, float] | None) -> float:
 
 
 #: Fresh processes `bench` adds at most, per model, while an interval is wider than `--halfwidth`: each costs
-#: one load and `--repeats` rounds of the four contenders (~1-5 s for the built-in models).
-MAX_PROCESSES = 10
+#: a start (1.3 s: `import tvm` without torch, verify/worker.py), a load and >= 200 ms a contender (2.6 s a
+#: process for mlp_gelu, SPR class). 10 had left mlp_gelu (~1.3 ms, 19 MB of weights streamed from L3) at
+#: +-2.5-5.2%: its per-process fused/ORT ratios spread 2.6-5% (sd), so a t-interval needs 10-30 of them for
+#: +-2% (`fuseguard bench mlp_gelu --processes 30 --halfwidth 0`: 1.9% and 1.6% in two runs; the first 10
+#: and 20 of the first run: 1.9% and 2.3%). The models that reach +-2% stop where they do (3-10 processes).
+MAX_PROCESSES = 30
 
 
 def needs_more(result: BenchResult, target: float | None, max_processes: int) -> bool:

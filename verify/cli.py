@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add fresh processes (up to --max-processes) while a ratio's 95%% interval is wider than "
                         "+-PCT%% (default 2; 0 turns it off: exactly --processes)")
     b.add_argument("--max-processes", type=positive_int, default=None, metavar="N",
-                   help="fresh processes per model at most while sampling for --halfwidth (default 10)")
+                   help="fresh processes per model at most while sampling for --halfwidth (default 30)")
     b.add_argument("--thread-pools", choices=THREAD_POOLS, default=None,
                    help="parked (default): spin-waiting off in both runtimes, so neither steals the other's "
                         "cores; brief: each pool spins ~0.2 ms after a parallel region, then parks, with a "
