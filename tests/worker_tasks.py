@@ -84,9 +84,13 @@ def sleep_then_getpid(seconds: float) -> int:
 
 
 def torch_after_importing_tvm() -> str:
-    """'hidden' where the worker keeps torch out (a None entry), else 'absent' or 'imported'."""
+    """'hidden' where the worker keeps torch out (its finder refuses it), else 'absent' or 'installed'."""
+    import importlib.util
+
     import tvm  # noqa: F401
 
-    if "torch" not in sys.modules:
-        return "absent"
-    return "hidden" if sys.modules["torch"] is None else "imported"
+    try:
+        spec = importlib.util.find_spec("torch")
+    except ModuleNotFoundError as err:
+        return "hidden" if "kept out" in str(err) and "torch" not in sys.modules else f"error: {err}"
+    return "absent" if spec is None else "installed"

@@ -23,6 +23,7 @@ import atexit
 import fcntl
 import faulthandler
 import importlib
+import importlib.abc
 import multiprocessing
 import os
 import pickle
@@ -530,6 +531,18 @@ def _close_default() -> None:
 # --------------------------------------------------------------------------- child side
 
 
+class _NoTorch(importlib.abc.MetaPathFinder):
+    """`import torch` fails as where it is not installed. tvm_ffi imports torch first thing when it is: 2.1 s
+    of a 3.4 s `import tvm` (SPR class), paid by every fresh timing process. A finder, not a None entry in
+    sys.modules: scipy reads any "torch" it finds there as the module."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if fullname == "torch" or fullname.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (kept out of this worker: {NO_TORCH})",
+                                      name=fullname)
+        return None
+
+
 def _child_main(fd: int) -> None:
     """Serve requests until the parent closes its end."""
     conn = Connection(fd)
@@ -541,9 +554,7 @@ def _child_main(fd: int) -> None:
     from fuseguard.compiler import settings
 
     if settings.flag(NO_TORCH):
-        # tvm_ffi imports torch first thing when it is installed: 2.1 s of a 3.4 s `import tvm` (SPR class), paid
-        # by every fresh timing process. A None entry makes `import torch` fail fast, as where it is not installed.
-        sys.modules.setdefault("torch", None)  # type: ignore[assignment]
+        sys.meta_path.insert(0, _NoTorch())
     if config["memory_limit"] is not None:
         _limit_memory(config["memory_limit"])
     _watch_parent(os.getppid())
