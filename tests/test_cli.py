@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +209,31 @@ def test_bench_process_budget_decision() -> None:
     assert not needs_more(r, 0.02, 3)                  # the budget spent
     r.processes = 1
     assert not needs_more(r, 0.02, 10)                 # one process: a bootstrap over rounds, never extended
+    r.processes, r.set_aside = 3, 7
+    assert not needs_more(r, 0.02, 10)                 # processes set aside count against the budget
+
+
+def test_bench_sets_aside_a_process_the_host_slowed_by_its_reference_not_its_ratio() -> None:
+    """bert_encoder, SPR class: two of 30 processes ran ORT 1.8x and TVM 2.3-2.6x their medians (fused/ORT 1.38x
+    against ~1.0x elsewhere) and doubled the interval's width. The reference runtime decides which to leave out:
+    a process whose ratio alone is off stays in."""
+    from fuseguard.verify.bench import aggregate, set_aside_note, slow_host_processes
+
+    def run(fused: float, ort: float) -> dict[str, list[float]]:
+        return {"tvm_fused": [fused] * 3, "tvm_unfused": [1.1 * fused] * 3, "ort": [ort] * 3, "ort_noopt": [2 * ort] * 3}
+
+    normal = [run(3.0 + 0.05 * i, 3.1 + 0.03 * (i % 3)) for i in range(8)]
+    host_slowed = [run(8.3, 6.0), run(7.1, 5.5)]
+    ratio_off = [run(4.2, 3.1)]
+    runs = normal[:3] + host_slowed + normal[3:] + ratio_off
+    assert slow_host_processes(runs) == [3, 4] and slow_host_processes(runs[:2]) == []
+    meta = {"model": "m", "fused": {"compile_s": 1.0, "kernels": 1}, "unfused": {"compile_s": 1.0, "kernels": 2}}
+    result = aggregate(meta, runs, threads=2)
+    assert (result.processes, result.set_aside) == (9, 2)
+    kept = normal + ratio_off                       # the ratio-off process is in: the geometric mean is theirs
+    expect = float(np.exp(np.mean([np.log(r["tvm_fused"][0] / r["ort"][0]) for r in kept])))
+    assert result.fused_vs_ort == pytest.approx(expect)
+    assert "m 2 of 11" in set_aside_note([result]) and set_aside_note([aggregate(meta, normal, 2)]) == ""
 
 
 def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -531,7 +531,7 @@ def _bench(args: argparse.Namespace) -> int:
     results, worst = [], EXIT_OK
     import tempfile
 
-    from .bench import MAX_PROCESSES, aggregate, needs_more, unresolved_note
+    from .bench import MAX_PROCESSES, aggregate, needs_more, set_aside_note, unresolved_note
     from .progress import Progress
 
     target = args.halfwidth / 100 if args.halfwidth else None
@@ -600,7 +600,9 @@ def _bench(args: argparse.Namespace) -> int:
                     done[i] = result
                     progress.done(labels[i], f"fused {result.tvm_fused_ms:.2f} ms, unfused {result.tvm_unfused_ms:.2f} "
                                              f"ms, ORT {result.ort_ms:.2f} ms ({result.fused_vs_ort:.2f}x ORT)",
-                                  f"{result.processes} processes, {seconds[i]:.0f} s of timing")
+                                  f"{result.processes} processes" + (f" ({result.set_aside} more set aside)"
+                                                                      if result.set_aside else "")
+                                  + f", {seconds[i]:.0f} s of timing")
         results = [done[i] for i in sorted(done) if done[i] is not None]
     sampled = (f"{args.processes}-{most} fresh processes (more while a ratio's interval is wider than "
                f"+-{args.halfwidth:g}%)" if target is not None and most > args.processes
@@ -611,9 +613,9 @@ def _bench(args: argparse.Namespace) -> int:
                                   + " after warm-up, thread pools "
                                   f"{args.thread_pools}; "
                                   f"cpu {settings.get('FUSEGUARD_MCPU') or options.mcpu or 'detected'})"))
-    note = unresolved_note(results)
-    if note:
-        print(note, file=sys.stderr)
+    for note in (set_aside_note(results), unresolved_note(results)):
+        if note:
+            print(note, file=sys.stderr)
     if args.json:
         from .atomic import atomic_write_json
 
