@@ -251,7 +251,8 @@ def _profile_section(p: Mapping[str, Any], *, table: bool = True) -> list[str]:
     slower = [g for g in groups if g.get("parts") and g["fused_us"] > g["parts_us"] * 1.05]
     out = [f"<h3>per-kernel profile</h3><p><small>{_e(p.get('cpu'))}, {_e(p.get('threads'))} threads, median of "
            f"{_e(p.get('repeats'))} runs; numpy sgemm {peak:.0f} GFLOP/s in the same run; the hook's "
-           f"{_fmt(p.get('overhead_us'))} us a call subtracted; groups too short for it timed by replay (each kernel "
+           f"{_fmt(p.get('overhead_us'))} us a call subtracted, the VM's {_fmt(p.get('call_us'))} us a kernel call "
+           f"added; groups too short for the hook timed by replay (each kernel "
            f"looped alone on its own arguments)</small></p>"
            f"<p>kernels: fused {len(p.get('fused', []))} in {fused_total:.1f} us, unfused {len(p.get('unfused', []))} "
            f"in {unfused_total:.1f} us" + (f" ({unfused_total / fused_total:.2f}x)" if fused_total else "")

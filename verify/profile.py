@@ -8,7 +8,8 @@ cost model's claims: a fused group slower than its parts shows up here as a spee
 
 Timing: the VM's instrument hook records `perf_counter` around every call (TVM 0.27's VM has no
 profiler); kernel calls are tied to the build's call sites by execution order (`FusionReport.call_sites`).
-The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted. That reading
+The hook's own cost, measured on the VM's trivial builtin calls in the same run, is subtracted, and the VM's
+own cost of a kernel call, which neither reading sees, is added to every call (`measure_call_us`). The reading
 resolves about a microsecond: the hook's cost grows with the call's argument count, so one constant does
 not fit every kernel. A group whose kernels' summed hook error (`HOOK_ERROR_US` a call) exceeds
 `RESOLUTION` of its time is therefore timed by replay instead, fused kernel and parts alike: each kernel run
@@ -43,6 +44,11 @@ RESOLUTION = 0.05
 #: Replay: each repeat loops the kernel for at least this long; the median of the repeats is taken.
 REPLAY_MIN_MS = 1
 REPLAY_REPEATS = 5
+#: The VM's own cost of one kernel call (dispatch, its output's allocation, the packed call), which neither the
+#: hook (its subtracted cost includes a call) nor replay (a C++ loop) sees, and which a fused group saves once
+#: for every kernel it removes: measured in each profile run as a chain of this many trivial kernels against
+#: one (0.26 us a call, SPR class; ViT-tiny's unfused build makes ~100 more calls than its fused one).
+CALL_CHAIN = 64
 
 
 @dataclass
@@ -107,13 +113,17 @@ class ProfileResult:
     unfused: list[SiteTime] = field(default_factory=list)
     groups: list[GroupProfile] = field(default_factory=list)
 
+    #: the VM's cost of one kernel call, measured in this run (:func:`measure_call_us`): part of every call's
+    #: time in the groups and the totals
+    call_us: float = 0.0
+
     @property
     def fused_total_us(self) -> float:
-        return sum(s.us for s in self.fused)
+        return sum(s.us for s in self.fused) + self.call_us * sum(map(is_call, self.fused))
 
     @property
     def unfused_total_us(self) -> float:
-        return sum(s.us for s in self.unfused)
+        return sum(s.us for s in self.unfused) + self.call_us * sum(map(is_call, self.unfused))
 
     def slower_groups(self, margin: float = 0.05) -> list[GroupProfile]:
         """Fused kernels slower than their parts by more than `margin`."""
@@ -138,8 +148,8 @@ class ProfileResult:
 
         table = Table(title=f"fuseguard profile: {self.model} ({self.cpu}, {self.threads} threads, median of "
                             f"{self.repeats}; numpy BLAS sgemm {self.peak_gflops:.0f} GFLOP/s in this run; hook "
-                            f"{self.overhead_us:.1f} us/call subtracted; r: replayed, the group's kernels "
-                            f"looped alone)")
+                            f"{self.overhead_us:.1f} us/call subtracted, the VM's {self.call_us:.2f} us a call "
+                            f"added; r: replayed, the group's kernels looped alone)")
         for col, justify in (("kernel", "left"), ("pattern", "left"), ("ONNX nodes", "left"),
                              ("fused us", "right"), ("unfused parts us", "right"), ("parts / fused", "right"),
                              ("MB moved", "right"), ("GFLOP/s", "right"), ("% of sgemm", "right"), ("why", "left")):
@@ -186,6 +196,42 @@ def measure_peak_gflops(threads: int, n: int = PEAK_SGEMM_N, repeats: int = 5) -
         with threadpool_limits(limits=threads):
             return run()
     return run()
+
+
+def measure_call_us(calls: int = CALL_CHAIN, repeats: int = 7) -> float:
+    """Microseconds the VM spends on one kernel call beyond the kernel: a chain of `calls` negations of 8
+    floats against a single one, the best of `repeats` timed loops each (see :data:`CALL_CHAIN`)."""
+    import tvm
+    from tvm import relax, topi
+
+    def build(n: int) -> Any:
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 8), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = x
+                for _ in range(n):
+                    y = bb.emit_te(topi.negative, y)
+                out = bb.emit_output(y)
+            bb.emit_func_output(out)
+        exe = tvm.compile(bb.get(), target=tvm.target.Target({"kind": "llvm"}))
+        return relax.VirtualMachine(exe, tvm.cpu())["main"]
+
+    arg = tvm.runtime.tensor(np.zeros((1, 8), np.float32))
+
+    def per_run(main: Any, loops: int = 200) -> float:
+        for _ in range(20):
+            main(arg)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(loops):
+                main(arg)
+            best = min(best, (time.perf_counter() - start) / loops)
+        return best * 1e6
+
+    one, chain = build(1), build(calls)
+    return max(0.0, (per_run(chain) - per_run(one)) / (calls - 1))
 
 
 class _SiteRecorder:
@@ -329,8 +375,13 @@ def _sites(compiled: Any, times: Sequence[float], samples: Sequence[Sequence[flo
             for s, t, per_round in zip(compiled.report.call_sites, times, samples)]
 
 
-def saving_interval(fused: SiteTime, parts: Sequence[SiteTime],
-                    confidence: float = 0.95) -> tuple[float, float] | None:
+def is_call(site: SiteTime) -> bool:
+    """Whether the VM called this site's kernel: a site with no call in any round became a view (0 us)."""
+    return site.replay_us is not None or any(site.samples)
+
+
+def saving_interval(fused: SiteTime, parts: Sequence[SiteTime], confidence: float = 0.95,
+                    call_us: float = 0.0) -> tuple[float, float] | None:
     """Interval of the median paired saving (parts - fused, round by round) by a percentile bootstrap; None
     without rounds on every kernel. Why: the profile's regret summed every group's shortfall, and a group whose
     true saving is 0 reads a shortfall half the time: on ResNet-18's seventeen ~800 us conv groups that was
@@ -338,7 +389,9 @@ def saving_interval(fused: SiteTime, parts: Sequence[SiteTime],
     rounds = len(fused.samples)
     if rounds < 3 or any(len(p.samples) != rounds for p in parts):
         return None
+    calls_saved = sum(map(is_call, parts)) - is_call(fused)
     diffs = np.array([sum(p.samples[r] for p in parts) - fused.samples[r] for r in range(rounds)])
+    diffs += call_us * calls_saved
     rng = np.random.default_rng(0)
     boot = np.median(diffs[rng.integers(0, rounds, size=(1000, rounds))], axis=1)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
@@ -394,11 +447,12 @@ def replay_wanted(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], *, hoo
     return want_f, want_u
 
 
-def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[GroupProfile]:
+def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], call_us: float = 0.0) -> list[GroupProfile]:
     """Each fused kernel with the unfused kernels whose ONNX nodes it computes (see `assign_parts`).
 
     A group whose fused kernel and every part were replayed is read from the replay times, both sides alike;
-    any other group from the model run (a mix would compare a hot-cache loop with an in-model call)."""
+    any other group from the model run (a mix would compare a hot-cache loop with an in-model call). Each
+    side's time includes the VM's `call_us` for every kernel it calls."""
     owners = assign_parts(fused, unfused)
     parts: list[list[SiteTime]] = [[] for _ in fused]
     for site, i in zip(unfused, owners):
@@ -407,13 +461,16 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list[
     groups = []
     for f, mine in zip(fused, parts):
         replayed = bool(mine) and f.replay_us is not None and all(p.replay_us is not None for p in mine)
-        fused_us = f.replay_us if replayed else f.us
+        fused_us = (f.replay_us if replayed else f.us) or 0.0
         parts_us = sum((p.replay_us if replayed else p.us) or 0.0 for p in mine)
-        groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us or 0.0,
+        fused_us += call_us * is_call(f)
+        parts_us += call_us * sum(map(is_call, mine))
+        groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us,
                                    parts_us=parts_us, parts=len(mine), bytes=f.bytes, flops=f.flops,
                                    reason=f.reason, key=f.key, predicted_us=f.predicted_us,
                                    timing="replay" if replayed else "model run",
-                                   saving_ci=None if replayed or not mine else saving_interval(f, mine)))
+                                   saving_ci=None if replayed or not mine else saving_interval(f, mine,
+                                                                                               call_us=call_us)))
     return groups
 
 
@@ -450,6 +507,7 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                 sites[j].replay_us = us
     # Last: the BLAS pool spins on after its sgemm and took a core from TVM's pool (a replay read 4 ms, a
     # scheduler quantum, for a 4 us kernel when it came after this).
+    result.call_us = measure_call_us()
     result.peak_gflops = measure_peak_gflops(threads)
-    result.groups = group_parts(result.fused, result.unfused)
+    result.groups = group_parts(result.fused, result.unfused, result.call_us)
     return result
