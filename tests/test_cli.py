@@ -220,7 +220,8 @@ def test_bench_sets_aside_a_process_the_host_slowed_by_its_reference_not_its_rat
     from fuseguard.verify.bench import aggregate, set_aside_note, slow_host_processes
 
     def run(fused: float, ort: float) -> dict[str, list[float]]:
-        return {"tvm_fused": [fused] * 3, "tvm_unfused": [1.1 * fused] * 3, "ort": [ort] * 3, "ort_noopt": [2 * ort] * 3}
+        return {"tvm_fused": [fused] * 3, "tvm_unfused": [1.1 * fused] * 3, "ort": [ort] * 3,
+                "ort_noopt": [2 * ort] * 3}
 
     normal = [run(3.0 + 0.05 * i, 3.1 + 0.03 * (i % 3)) for i in range(8)]
     host_slowed = [run(8.3, 6.0), run(7.1, 5.5)]

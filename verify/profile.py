@@ -47,7 +47,7 @@ REPLAY_REPEATS = 5
 #: The VM's own cost of one kernel call (dispatch, its output's allocation, the packed call), which neither the
 #: hook (its subtracted cost includes a call) nor replay (a C++ loop) sees, and which a fused group saves once
 #: for every kernel it removes: measured in each profile run as a chain of this many trivial kernels against
-#: one (0.26 us a call, SPR class; ViT-tiny's unfused build makes ~100 more calls than its fused one).
+#: one (0.21-0.24 us a call, SPR class; ViT-tiny's unfused build makes ~100 more calls than its fused one).
 CALL_CHAIN = 64
 
 
