@@ -314,8 +314,8 @@ def timing_env(threads: int | None = None, *, against_ort: bool = True, pools: s
     """Environment for a timing worker: TVM's pool pinned to the same thread count ORT gets (TVM's default
     counts physical cores, which halves it on SMT hosts), and where ORT is timed beside TVM, the pool mode
     ``pools`` (:data:`THREAD_POOLS`: no spinning when ``parked``, a short spin when ``brief``, TVM's own when
-    ``deployed``). The worker never imports torch (``FUSEGUARD_WORKER_NO_TORCH``: a fresh process starts in
-    1.3 s, not 3.4 s, where torch is installed).
+    ``deployed``). The worker starts tvm without torch (``FUSEGUARD_WORKER_NO_TORCH``: a fresh process
+    starts in 1.3 s, not 3.4 s, where torch is installed; a plugin may still import it).
 
     Where only TVM builds are timed (``against_ort=False``: the per-kernel profile, `tune`, fused vs
     unfused) the pool keeps TVM's default spinning, as a deployed model runs: one pool cannot steal from

@@ -57,7 +57,7 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[1]); "
               "from fuseguard.verify.worker import _child_main; _child_main(int(sys.argv[2]))")
 _TAIL_LINES = 40
-#: set in a worker's environment: it never imports torch (`_child_main`; compiler/settings.py)
+#: set in a worker's environment: tvm starts there without torch (`_NoTorch`; compiler/settings.py)
 NO_TORCH = "FUSEGUARD_WORKER_NO_TORCH"
 _TAIL_BYTES = 16 * 1024
 _LOG_TRUNCATE_BYTES = 4 * 1024 * 1024
@@ -532,15 +532,21 @@ def _close_default() -> None:
 
 
 class _NoTorch(importlib.abc.MetaPathFinder):
-    """`import torch` fails as where it is not installed. tvm_ffi imports torch first thing when it is: 2.1 s
-    of a 3.4 s `import tvm` (SPR class), paid by every fresh timing process. A finder, not a None entry in
-    sys.modules: scipy reads any "torch" it finds there as the module."""
+    """While tvm and tvm_ffi start, `import torch` fails as where torch is not installed: tvm_ffi imports it
+    first thing when it is (and tvm.relax again), 2.1 s of a 3.4 s `import tvm` (SPR class), paid by every fresh
+    timing process. Any other import of torch (a plugin's, before or after) goes through. A finder, not a None
+    entry in sys.modules: scipy reads any "torch" it finds there as the module."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname == "torch" or fullname.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {fullname!r} (kept out of this worker: {NO_TORCH})",
-                                      name=fullname)
+        if (fullname == "torch" or fullname.startswith("torch.")) and (_initializing("tvm_ffi")
+                                                                       or _initializing("tvm")):
+            raise ModuleNotFoundError(f"No module named {fullname!r} while tvm starts ({NO_TORCH})", name=fullname)
         return None
+
+
+def _initializing(module: str) -> bool:
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 def _child_main(fd: int) -> None:
