@@ -39,8 +39,9 @@ _TABLE: tuple[Setting, ...] = (
     Setting("FUSEGUARD_CACHE_MAX_MB", "build cache size before least-recently-used entries go"),
     Setting("FUSEGUARD_PLUGINS", "plugin modules or files to load, comma-separated (as --plugin)"),
     Setting("FUSEGUARD_PROGRESS", "file a worker appends its stage lines to (set by the parent)"),
-    Setting("FUSEGUARD_WORKER_NO_TORCH", "1 (timing commands set it for their workers): `import tvm` in the worker "
-            "leaves out torch, which tvm_ffi imports whenever it is installed (2.1 s of a fresh process's 3.4 s start)"),
+    Setting("FUSEGUARD_WORKER_NO_TORCH", "1 (timing commands set it for their workers): `import tvm` in the "
+            "worker leaves out torch, which tvm_ffi imports whenever it is installed (2.1 s of a fresh process's "
+            "3.4 s start)"),
     Setting("FUSEGUARD_CUDA_ARCH", "sm_XX of the CUDA device, instead of asking the driver"),
     Setting("FUSEGUARD_NVCC", "nvcc to use for the offline SASS check"),
     Setting("FUSEGUARD_CUDA_HOME", "CUDA toolkit root for the SASS check (then CUDA_PATH, CUDA_HOME)"),
