@@ -200,9 +200,12 @@ def measure_peak_gflops(threads: int, n: int = PEAK_SGEMM_N, repeats: int = 5) -
 
 def measure_call_us(calls: int = CALL_CHAIN, repeats: int = 7) -> float:
     """Microseconds the VM spends on one kernel call beyond the kernel: a chain of `calls` negations of 8
-    floats against a single one, the best of `repeats` timed loops each (see :data:`CALL_CHAIN`)."""
+    floats against a single one, timed interleaved (`timing.measure_interleaved`, `repeats` rounds; see
+    :data:`CALL_CHAIN`)."""
     import tvm
     from tvm import relax, topi
+
+    from .timing import measure_interleaved
 
     def build(n: int) -> Any:
         bb = relax.BlockBuilder()
@@ -218,20 +221,9 @@ def measure_call_us(calls: int = CALL_CHAIN, repeats: int = 7) -> float:
         return relax.VirtualMachine(exe, tvm.cpu())["main"]
 
     arg = tvm.runtime.tensor(np.zeros((1, 8), np.float32))
-
-    def per_run(main: Any, loops: int = 200) -> float:
-        for _ in range(20):
-            main(arg)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(loops):
-                main(arg)
-            best = min(best, (time.perf_counter() - start) / loops)
-        return best * 1e6
-
     one, chain = build(1), build(calls)
-    return max(0.0, (per_run(chain) - per_run(one)) / (calls - 1))
+    ms = measure_interleaved({"one": lambda: one(arg), "chain": lambda: chain(arg)}, repeats=repeats)
+    return max(0.0, (ms["chain"].median_ms - ms["one"].median_ms) * 1e3 / (calls - 1))
 
 
 class _SiteRecorder:
@@ -381,17 +373,16 @@ def is_call(site: SiteTime) -> bool:
 
 
 def saving_interval(fused: SiteTime, parts: Sequence[SiteTime], confidence: float = 0.95,
-                    call_us: float = 0.0) -> tuple[float, float] | None:
+                    offset_us: float = 0.0) -> tuple[float, float] | None:
     """Interval of the median paired saving (parts - fused, round by round) by a percentile bootstrap; None
-    without rounds on every kernel. Why: the profile's regret summed every group's shortfall, and a group whose
+    without rounds on every kernel; `offset_us` is added to every round's saving (the VM calls the group saves).
+    Why: the profile's regret summed every group's shortfall, and a group whose
     true saving is 0 reads a shortfall half the time: on ResNet-18's seventeen ~800 us conv groups that was
     0.3-2.9% of the model from run to run."""
     rounds = len(fused.samples)
     if rounds < 3 or any(len(p.samples) != rounds for p in parts):
         return None
-    calls_saved = sum(map(is_call, parts)) - is_call(fused)
-    diffs = np.array([sum(p.samples[r] for p in parts) - fused.samples[r] for r in range(rounds)])
-    diffs += call_us * calls_saved
+    diffs = np.array([sum(p.samples[r] for p in parts) - fused.samples[r] for r in range(rounds)]) + offset_us
     rng = np.random.default_rng(0)
     boot = np.median(diffs[rng.integers(0, rounds, size=(1000, rounds))], axis=1)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
@@ -463,14 +454,13 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], call_us:
         replayed = bool(mine) and f.replay_us is not None and all(p.replay_us is not None for p in mine)
         fused_us = (f.replay_us if replayed else f.us) or 0.0
         parts_us = sum((p.replay_us if replayed else p.us) or 0.0 for p in mine)
-        fused_us += call_us * is_call(f)
-        parts_us += call_us * sum(map(is_call, mine))
-        groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us,
-                                   parts_us=parts_us, parts=len(mine), bytes=f.bytes, flops=f.flops,
+        calls_us = call_us * is_call(f), call_us * sum(map(is_call, mine))      # fused, parts
+        groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us + calls_us[0],
+                                   parts_us=parts_us + calls_us[1], parts=len(mine), bytes=f.bytes, flops=f.flops,
                                    reason=f.reason, key=f.key, predicted_us=f.predicted_us,
                                    timing="replay" if replayed else "model run",
-                                   saving_ci=None if replayed or not mine else saving_interval(f, mine,
-                                                                                               call_us=call_us)))
+                                   saving_ci=None if replayed or not mine else saving_interval(
+                                       f, mine, offset_us=calls_us[1] - calls_us[0])))
     return groups
 
 
