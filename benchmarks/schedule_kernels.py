@@ -51,6 +51,7 @@ def _workloads() -> dict[str, Callable[[], onnx.ModelProto]]:
         "conv1x1_13": lambda: workloads.conv_bn_relu(1, 512, 13, 1000, 1),  # SqueezeNet conv10: odd width
         "layernorm": lambda: workloads.layernorm(128, 768),
         "softmax": lambda: workloads.softmax((1, 12, 128, 128)),
+        "masked_smx": lambda: workloads.masked_softmax(4, 64),   # LLaMA's causal mask: no denormals in exp
         "bert_layer": lambda: workloads.bert_layer(128, 768, 12, 3072),
         "resnet50": lambda: onnx.load(str(workloads.light_model_path("resnet50"))),
     }

@@ -99,6 +99,16 @@ def softmax(shape: tuple[int, ...] = (1, 12, 128, 128)) -> onnx.ModelProto:
     return _model(nodes, "softmax", [_vi("X", list(shape))], [_vi("Z", list(shape))], [])
 
 
+def masked_softmax(heads: int = 4, seq: int = 64) -> onnx.ModelProto:
+    """Softmax of scores plus a causal mask of float32's lowest value above the diagonal, as LLaMA exports
+    it: the masked lanes are what the fast exp must not turn into denormals (compiler/schedule/approx.py)."""
+    mask = np.triu(np.full((seq, seq), np.finfo(np.float32).min, np.float32), 1)
+    nodes = [helper.make_node("Add", ["X", "mask"], ["S"]), helper.make_node("Softmax", ["S"], ["Z"], axis=-1)]
+    shape = [1, heads, seq, seq]
+    return _model(nodes, "masked_softmax", [_vi("X", shape)], [_vi("Z", shape)],
+                  [numpy_helper.from_array(mask, "mask")])
+
+
 def bert_layer(seq: int = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, seed: int = 3) -> onnx.ModelProto:
     """One BERT-base encoder layer (post-LN), batch 1, as exporters write it (erf GELU, MatMul + Add)."""
     rng = np.random.default_rng(seed)
