@@ -29,14 +29,11 @@ from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               schedule_vector_row_reduction)
-from .cpu_matmul import choose_tiles, clamp_padded_rows, match_matmul, merge_rows, rows_padded, schedule_matmul
+from .cpu_matmul import (choose_tiles, clamp_padded_rows, match_matmul, merge_rows, rows_padded, schedule_matmul,
+                         widen_param)
 from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
-from .packing import pack
+from .packing import PackPlan
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
-
-#: how a constant weight is re-laid out for a kernel: (parameter, output-column dim, columns a panel) for
-#: the fp32 panels, with a fourth entry, the K step, for the VNNI layout (compiler/schedule/packing.py)
-PackPlan = tuple[int, ...]
 
 SCHEDULE_ATTR = "fuseguard.cpu_schedule"
 # Functions doing less work than this (summed block iteration counts) run single-threaded: a parallel
@@ -59,6 +56,9 @@ class CpuScheduleOptions:
 
     matmul: bool = True
     pack_weights: bool = True  # constant matmul B operands re-laid out as [N/nr, K, nr] panels
+    # A constant B whose columns no full vector divides (344, 1000) zero-padded to whole tiles at compile
+    # time rather than tiled at 8 columns or fewer (cpu_matmul.widen_param).
+    pad_weight_columns: bool = True
     conv: bool = True
     # Conv register tile (mr columns x nr channels) chosen jointly to maximise mr * nr: odd widths
     # (13, 27, 55) no longer fall back to mr = 1 or tiny tiles.
@@ -149,7 +149,7 @@ def schedule_cpu_module_with_report(
         threads = 1
     call_sites = _collect_call_sites(mod)
     updates: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
-    packs: dict[tvm.ir.GlobalVar, PackPlan] = {}  # gv -> (param, j_dim, nr[, k_step])
+    packs: dict[tvm.ir.GlobalVar, PackPlan] = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -378,7 +378,7 @@ def _try_matmul_int8(func: tirx.PrimFunc, host: HostCPU, threads: int,
     except Exception:  # noqa: BLE001 - a form tensorize or the epilogue does not take: the generic rules
         return None
     param = next(p for p, v in enumerate(func.params) if v.same_as(info.b_buffer))
-    return sch.mod["main"], "matmul-int8+vnni", (param, info.b_indices.index(info.j_iter), tiles.lanes, K_STEP)
+    return sch.mod["main"], "matmul-int8+vnni", PackPlan(param, info.b_indices.index(info.j_iter), tiles.lanes, K_STEP)
 
 
 def _try_matmul(
@@ -393,14 +393,27 @@ def _try_matmul(
     if len(infos) != 1:
         return None
     info = infos[0]
-    pack = None
-    if opts.pack_weights:
+    original = func
+    constant_b = _constant_param(func, info.b_buffer, sites)
+    j_dim = info.b_indices.index(info.j_iter)
+    pack = widened = None
+    if constant_b and opts.pad_weight_columns:
+        tiles = choose_tiles(info, host, pad_columns=True)
+        if tiles.pad_n and info.n is not None:
+            # whole column tiles from a weight zero-padded at compile time (`widen_param`)
+            extent = -(-info.n // tiles.nr) * tiles.nr
+            param = next(p for p, v in enumerate(func.params) if v.same_as(info.b_buffer))
+            func = widen_param(func, info.b_buffer, j_dim, extent)
+            widened = PackPlan(param, j_dim, pad_to=extent)
+            if opts.pack_weights:
+                pack = PackPlan(param, j_dim, tiles.nr, pad_to=extent)
+    if widened is None and opts.pack_weights:
         nr = choose_tiles(info, host).nr
-        pack = _pack_plan(func, info.b_buffer, info.b_indices.index(info.j_iter), nr, info.n, host, sites)
+        pack = _pack_plan(func, info.b_buffer, j_dim, nr, info.n, host, sites)
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)
-        pad_columns = not _constant_param(func, info.b_buffer, sites)
+        pad_columns = widened is not None or not constant_b
         info = merge_rows(sch, info, host, pad_columns=pad_columns)
         try:
             ok = schedule_matmul(sch, info, host, pack_b=attempt_pack, parallel=threads > 1,
@@ -411,7 +424,9 @@ def _try_matmul(
             rule = "matmul+packed" if attempt_pack else "matmul"
             padded = info.m is None or rows_padded(info, choose_tiles(info, host, pad_columns=pad_columns))
             out = clamp_padded_rows(sch.mod["main"]) if padded and opts.clamp_padded_rows else sch.mod["main"]
-            return out, rule, (pack if attempt_pack else None)
+            return out, rule, (pack if attempt_pack else widened)
+    if widened is not None:     # a form the padded tile does not take: the weight as it is
+        return _try_matmul(original, host, replace(opts, pad_weight_columns=False), threads, sites)
     return None
 
 
@@ -524,7 +539,7 @@ def _pack_plan(
     """Pack a weight when it is a parameter fed by a Relax constant at every call site and splits evenly."""
     if j_extent is None or nr < 4 or j_extent % nr or not _constant_param(func, buffer_var, sites):
         return None
-    return next(p for p, v in enumerate(func.params) if v.same_as(buffer_var)), j_dim, nr
+    return PackPlan(next(p for p, v in enumerate(func.params) if v.same_as(buffer_var)), j_dim, nr)
 
 
 def _constant_param(func: tirx.PrimFunc, buffer_var: object, sites: list[relax.Call]) -> bool:
@@ -592,10 +607,9 @@ def _repack_constants(
             if entry is None:
                 return call
             new_gv, plan = entry
-            idx = plan[0]
             fields = list(call.args[1].fields)
-            packed = pack(fields[idx].value.numpy(), plan)
-            fields[idx] = relax.const(packed, str(packed.dtype))
+            packed = plan.apply(fields[plan.param].value.numpy())
+            fields[plan.param] = relax.const(packed, str(packed.dtype))
             return relax.Call(call.op, [new_gv, relax.Tuple(fields), *call.args[2:]], call.attrs, call.ty_args)
 
     mutator = _Repack(staged)

@@ -8,6 +8,8 @@ parameter; the Relax side replaces the constant fed to ``call_tir`` by its numpy
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
@@ -51,8 +53,29 @@ def pack_vnni(arr: np.ndarray, j_dim: int, lanes: int, k_step: int = 4) -> np.nd
     return np.ascontiguousarray(kn.reshape(k // k_step, k_step, n // lanes, lanes).transpose(2, 0, 3, 1))
 
 
-def pack(arr: np.ndarray, plan: tuple[int, ...]) -> np.ndarray:
-    """A constant re-laid out by a schedule's plan ``(param, j_dim, nr[, k_step])``: panels (`pack_array`),
-    or VNNI steps when the plan has a k_step (`pack_vnni`)."""
-    _, j_dim, nr, *k_step = plan
-    return pack_vnni(arr, j_dim, nr, k_step[0]) if k_step else pack_array(arr, j_dim, nr)
+@dataclass(frozen=True)
+class PackPlan:
+    """How a schedule re-laid out a constant parameter; `apply` does the same to its numpy value."""
+
+    param: int                  # the parameter's position
+    j_dim: int                  # the output-column axis of the weight
+    nr: int | None = None       # panels of `nr` columns (`pack_array`); None: the columns only padded
+    k_step: int | None = None   # VNNI steps of `k_step` rows (`pack_vnni`, int8 weights)
+    pad_to: int | None = None   # the column axis zero-padded to this many first (`pad_columns`)
+
+    def apply(self, arr: np.ndarray) -> np.ndarray:
+        if self.pad_to is not None:
+            arr = pad_columns(arr, self.j_dim, self.pad_to)
+        if self.nr is None:
+            return arr
+        return pack_vnni(arr, self.j_dim, self.nr, self.k_step) if self.k_step else pack_array(arr, self.j_dim, self.nr)
+
+
+def pad_columns(arr: np.ndarray, j_dim: int, extent: int) -> np.ndarray:
+    """``arr`` with axis ``j_dim`` zero-padded at its end to ``extent`` (a weight widened to whole column
+    tiles, `cpu_matmul.widen_param`: the padded columns multiply into outputs that are never stored)."""
+    if arr.shape[j_dim] > extent:
+        raise ValueError(f"axis {j_dim} of {arr.shape} is longer than {extent}")
+    widths = [(0, 0)] * arr.ndim
+    widths[j_dim] = (0, extent - arr.shape[j_dim])
+    return np.ascontiguousarray(np.pad(arr, widths))
