@@ -97,7 +97,8 @@ def test_matmul_without_packing_and_odd_sizes(target: tvm.target.Target) -> None
 def test_a_weight_no_vector_divides_is_padded_to_whole_column_tiles(target: tvm.target.Target, n: int) -> None:
     """N = 344 (LLaMA-tiny's gate and up projections) has 8 columns as its widest dividing tile: the weight
     is zero-padded to whole 2-vector tiles at compile time and packed, every tile vectorised, no copy at run
-    time, the padded columns never stored (86 -> 147 GFLOP/s at 64 x 128 x 344, SPR class)."""
+    time, the padded columns never stored (86 -> 147 GFLOP/s at 64 x 128 x 344, SPR class); the epilogue
+    (GELU here) runs over the real columns after the tiles, in whole vectors and a tail."""
     report, mod = _check(workloads.mlp_gelu(30, 50, n), target)
     assert list(report.scheduled.values()) == ["matmul+packed"]
     nr = 2 * host_from_target(target).fp32_lanes
@@ -107,7 +108,7 @@ def test_a_weight_no_vector_divides_is_padded_to_whole_column_tiles(target: tvm.
     script = func.script()
     assert "_pad\"" not in script.replace("matmul_pad", ""), script    # no run-time copy of the weight
     widths = [int(lp.extent) for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
-    assert min(widths) >= 8 and max(widths) == nr, script
+    assert min(widths) >= 8 and nr in widths, script
 
 
 @pytest.mark.parametrize("rows", [197, 11, 13])
