@@ -4,7 +4,9 @@
 
 For every pattern group of each model's fused build, `verify.profile` times the fused kernel and the
 unfused kernels of the same ONNX nodes. Printed per model: Spearman rank correlation of predicted vs
-measured saving, fused groups slower than their parts (by > 5%), and regret: the time lost against the
+measured saving; its ceiling (the square root of the profile's split-half reliability,
+`verify.profile.split_half_reliability`: odd rounds against even rounds, so a rho near the ceiling is as good as
+this many rounds can tell); fused groups slower than their parts (by > 5%), and regret: the time lost against the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
 us and as a share of the model's fused time; then the groups slower beyond noise ("sure": the saving's
 95% interval over the paired rounds lies below 0, `ProfileResult.sure_losses`) and the regret they carry.
@@ -20,6 +22,7 @@ splitting does not change).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -38,7 +41,7 @@ os.environ.update(timing_env(host_cores(), against_ort=False))
 
 from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
 from fuseguard.verify.core import resolve_model_arg  # noqa: E402
-from fuseguard.verify.profile import profile_model  # noqa: E402
+from fuseguard.verify.profile import profile_model, split_half_reliability  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +53,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--groups", action="store_true", help="print every group: predicted and measured saving, "
                    "and whether it was read from the model run or from replays")
     args = p.parse_args(argv)
-    print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
+    print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'ceiling':>7s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
           f"{'sure':>5s} {'beyond noise':>12s} {'fused ms':>9s} {'unfused ms':>10s}")
     for name in args.models:
         result = profile_model(resolve_model_arg(name), options=CompileOptions(decision_db=args.db),
@@ -59,12 +62,14 @@ def main(argv: list[str]) -> int:
         predicted = [g.predicted_us for g in groups]
         measured = [g.saving_us for g in groups]
         rho = stats.spearmanr(predicted, measured).statistic if len(groups) >= 3 else float("nan")
+        reliability = split_half_reliability(groups)
+        ceiling = math.sqrt(max(0.0, reliability)) if reliability is not None else float("nan")
         regret = sum(max(0.0, -g.saving_us) for g in groups)
         slower = len([g for g in groups if g.fused_us > g.parts_us * 1.05])
         total = result.fused_total_us
         sure = [g for g in result.sure_losses() if g in groups]
         beyond = sum(-g.saving_us for g in sure)
-        print(f"{name:28s} {len(groups):6d} {rho:6.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
+        print(f"{name:28s} {len(groups):6d} {rho:6.2f} {ceiling:7.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
               f"{len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} "
               f"{result.unfused_total_us / 1e3:10.2f}")
         if args.confirm:
