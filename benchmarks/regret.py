@@ -53,7 +53,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--groups", action="store_true", help="print every group: predicted and measured saving, "
                    "and whether it was read from the model run or from replays")
     args = p.parse_args(argv)
-    print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'ceiling':>7s} {'slower':>6s} {'regret us':>10s} {'regret %':>9s} "
+    print(f"{'model':28s} {'groups':>6s} {'rho':>6s} {'ceiling':>7s} {'slower':>6s} {'regret us':>10s} "
+          f"{'regret %':>9s} "
           f"{'sure':>5s} {'beyond noise':>12s} {'fused ms':>9s} {'unfused ms':>10s}")
     for name in args.models:
         result = profile_model(resolve_model_arg(name), options=CompileOptions(decision_db=args.db),
@@ -69,7 +70,8 @@ def main(argv: list[str]) -> int:
         total = result.fused_total_us
         sure = [g for g in result.sure_losses() if g in groups]
         beyond = sum(-g.saving_us for g in sure)
-        print(f"{name:28s} {len(groups):6d} {rho:6.2f} {ceiling:7.2f} {slower:6d} {regret:10.1f} {100 * regret / total:8.2f}% "
+        print(f"{name:28s} {len(groups):6d} {rho:6.2f} {ceiling:7.2f} {slower:6d} {regret:10.1f} "
+              f"{100 * regret / total:8.2f}% "
               f"{len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} "
               f"{result.unfused_total_us / 1e3:10.2f}")
         if args.confirm:
