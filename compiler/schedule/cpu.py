@@ -28,7 +28,7 @@ from .cpu_conv import (MIN_GROUP_TILE, conv_tiles, match_conv2d, pointwise_tiles
 from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
-                              schedule_vector_row_reduction)
+                              multiply_by_row_reciprocal, schedule_vector_row_reduction, tree_lane_combines)
 from .cpu_matmul import (choose_tiles, clamp_padded_rows, match_matmul, merge_rows, rows_padded, schedule_matmul,
                          widen_param)
 from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
@@ -329,7 +329,8 @@ def _schedule_one(
         except Exception:  # noqa: BLE001 - a form rfactor or compute_at refuses: dlight's rule below
             sch = None
         if sch is not None and not _recomputes(func, sch.mod["main"]):
-            return sch.mod["main"], "row-reduction+vector", None
+            out = multiply_by_row_reciprocal(tree_lane_combines(sch.mod["main"], host.fp32_lanes))
+            return out, "row-reduction+vector", None
     if opts.reduction and has_red:
         sch = schedule_row_reduction(func, target)
         if sch is not None and _recomputes(func, sch.mod["main"]):
