@@ -408,7 +408,8 @@ def test_layernorm_and_softmax(target: tvm.target.Target) -> None:
         # normalised by one reciprocal a row, not a division a vector
         script = func.script()
         partials = re.findall(r"(\w+_rf) = T.sblock_alloc_buffer", script)
-        assert partials and all(re.search(rf"{name}\[[^\]]*T\.int64\({lanes - 1}\)\]", script) for name in partials), script
+        tree = [re.search(rf"{name}\[[^\]]*T\.int64\({lanes - 1}\)\]", script) for name in partials]
+        assert partials and all(tree), script
         if model.graph.name == "softmax":
             assert "T_softmax_exp" in func.script()       # kept, not inlined into both readers
             assert "T.float32(1.0) / T_softmax_expsum" in func.script(), func.script()

@@ -281,7 +281,8 @@ def tree_lane_combines(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
         red = [k for k, iv in enumerate(block.iter_vars) if iv.iter_type != tirx.IterVar.DataPar]
         if block.init is None or len(red) != 1 or not isinstance(store, tirx.BufferStore) \
                 or int_or_none(block.iter_vars[red[0]].dom.extent) != lanes \
-                or not isinstance(realize.iter_values[red[0]], tirx.Var) or not isinstance(store.value, (tirx.Add, tirx.Max)):
+                or not isinstance(realize.iter_values[red[0]], tirx.Var) \
+                or not isinstance(store.value, (tirx.Add, tirx.Max)):
             return realize
         k_var = block.iter_vars[red[0]].var
         value = store.value
