@@ -310,3 +310,18 @@ def test_a_small_layernorm_group_is_not_predicted_to_save_more_than_it_could_cos
     b = build("softmax_layernorm")
     ln = [d for d in b.report.decisions if d.pattern == "layernorm" and d.fused]
     assert ln and 0 < ln[0].predicted_us < 15, ln[0].predicted_us
+
+
+def test_a_decomposition_is_charged_the_passes_its_full_size_intermediates_make() -> None:
+    """A recognised LayerNorm saves nine passes over its input's size (the centred input written and read
+    twice, its square, the normalised and scaled tensors: the means, eps and the square root hold one value
+    a row), not two for each of its nine nodes; RMSNorm four."""
+    from fuseguard.compiler.cost import FULL_SIZE_PASSES
+
+    b = build("softmax_layernorm")
+    (ln,) = [d for d in b.report.decisions if d.pattern == "layernorm" and d.fused][:1]
+    nbytes = 1 * 16 * 256 * 4
+    assert FULL_SIZE_PASSES == {"LayerNormalization": 9, "RMSNorm": 4}
+    assert ln.bytes_saved % nbytes == 0 and ln.bytes_saved // nbytes in (9, 9 + 2, 9 + 2 * 2), ln.bytes_saved
+    assert ln.launches_saved >= 8
+
