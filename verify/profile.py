@@ -482,18 +482,13 @@ def split_half_reliability(groups: Sequence[GroupProfile]) -> float | None:
     of the odd and of the even rounds (each the median paired saving), stepped up to all rounds by the
     Spearman-Brown formula. No estimate can rank-correlate with the measurement much beyond its square root:
     ResNet-18's seventeen conv groups save 1-10% of ~800 us kernels whose in-model times move +-3% a round, so
-    a rho under 0.8 there can be the profile's noise, not the estimate's. A replayed group (no rounds: a
-    looped median of a kernel alone) counts the same in both halves. None with fewer than 3 groups or no rounds."""
-    odd, even = [], []
-    for g in groups:
-        if g.rounds:
-            odd.append(float(np.median(g.rounds[0::2])))
-            even.append(float(np.median(g.rounds[1::2])))
-        else:
-            odd.append(g.saving_us)
-            even.append(g.saving_us)
-    if len(groups) < 3 or not any(g.rounds for g in groups):
+    a rho under 0.8 there can be the profile's noise, not the estimate's. Over the groups read from the model
+    run only (a replayed group has no rounds); None with fewer than 3 of them."""
+    timed = [g for g in groups if g.rounds]
+    if len(timed) < 3:
         return None
+    odd = [float(np.median(g.rounds[0::2])) for g in timed]
+    even = [float(np.median(g.rounds[1::2])) for g in timed]
     from scipy import stats
 
     r = float(stats.spearmanr(odd, even).statistic)
