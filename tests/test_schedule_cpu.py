@@ -822,6 +822,30 @@ def test_a_layernorm_that_also_outputs_its_residual_sum_keeps_the_vector_rule() 
         np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
 
 
+def test_only_a_softmax_divides_by_its_rows_reciprocal(target: tvm.target.Target) -> None:
+    """A softmax's row sum holds exp(0) = 1, so x * (1 / sum) cannot overflow; a row divided by any other
+    row sum (an L1 normalisation) keeps its division: a sum under float32's smallest normal has no finite
+    reciprocal."""
+    from tvm import te, topi
+
+    x = te.placeholder((64, 96), name="x")
+    softmax = te.create_prim_func([x, topi.nn.softmax(x, axis=-1)]).with_attr("global_symbol", "softmax")
+    total = topi.sum(x, axis=-1, keepdims=True)
+    l1 = te.create_prim_func([x, te.compute((64, 96), lambda i, j: x[i, j] / total[i, 0], name="y")]) \
+        .with_attr("global_symbol", "l1")
+    with target:
+        sched, report = schedule_cpu_module_with_report(tvm.IRModule({"softmax": softmax, "l1": l1}), target)
+    assert set(report.scheduled.values()) == {"row-reduction+vector"}, report.scheduled
+    scripts = {gv.name_hint: func.script() for gv, func in sched.functions_items()}
+    assert "T.float32(1.0) / T_softmax_expsum" in scripts["softmax"], scripts["softmax"]
+    assert "T.float32(1.0) /" not in scripts["l1"], scripts["l1"]
+    tiny = np.full((64, 96), 1e-45, dtype=np.float32)       # denormal rows: their sums too
+    exe = tvm.compile(sched, target=target)
+    out = tvm.runtime.tensor(np.empty_like(tiny))
+    exe["l1"](tvm.runtime.tensor(tiny), out)
+    np.testing.assert_allclose(out.numpy(), tiny / tiny.sum(axis=-1, keepdims=True), rtol=1e-6)
+
+
 def test_a_transcendental_kernel_goes_parallel_at_fewer_iterations(target: tvm.target.Target) -> None:
     """ViT's [2364, 197] softmax has 1.9 M block iterations, under the parallel threshold when each counts
     one, so it ran serial (670 us; 302 us on two threads, Zen3). Its exp (a fast-math Let chain) weighs

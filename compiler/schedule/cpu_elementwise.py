@@ -321,16 +321,29 @@ def tree_lane_combines(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
         return func
 
     def _loop(loop: tirx.For) -> tirx.Stmt:
-        return loop.body if any(loop.loop_var.same_as(v) for v in dropped) else loop
+        if not any(loop.loop_var.same_as(v) for v in dropped):
+            return loop
+        uses: list[bool] = []
+        tvm_ffi.structural_walk(loop.body, (tirx.Var, lambda v: uses.append(v.same_as(loop.loop_var))), order="post")
+        # nothing else under the loop reads its variable: the combine, computed once, is all it ran
+        return loop if any(uses) else loop.body
 
     return tvm_ffi.structural_map(out, (tirx.For, _loop), order="post")
 
 
 def multiply_by_row_reciprocal(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``x / s[row]`` in a spatial float32 block, `s` read at indices without the block's last iterator (a
-    softmax's normalisation by its row sum) -> ``x * (1 / s[row])``: one scalar division a row instead of a
-    vector division per vector (10-16 cycles each on AVX-512), as ONNX Runtime's softmax does. Two roundings
-    instead of one: within 1.5 ulp."""
+    """A softmax's normalisation ``e / s[row]``, `e` an exp block's output and `s` read at indices without the
+    block's last iterator -> ``e * (1 / s[row])``: one scalar division a row instead of a vector division per
+    vector (10-16 cycles each on AVX-512), as ONNX Runtime's softmax does. Two roundings instead of one: within
+    1.5 ulp. Only over exps: their row sum holds exp(0) = 1 (the max subtracted), so its reciprocal cannot
+    overflow, as it would for a sum under float32's smallest normal."""
+    exps: list[tirx.Buffer] = []
+
+    def _collect(block: s_tir.SBlock) -> None:
+        if isinstance(block.body, tirx.BufferStore) and approx.has_fast_math(block.body):
+            exps.append(block.body.buffer)
+
+    tvm_ffi.structural_walk(func, (s_tir.SBlock, _collect), order="post")
 
     def _block(block: s_tir.SBlock) -> s_tir.SBlock:
         store = block.body
@@ -341,7 +354,8 @@ def multiply_by_row_reciprocal(func: tirx.PrimFunc) -> tirx.PrimFunc:
         last = block.iter_vars[-1].var
         uses: list[bool] = []
         tvm_ffi.structural_walk(den, (tirx.Var, lambda v: uses.append(v.same_as(last))), order="post")
-        if not isinstance(den, BufferLoad) or any(uses):
+        if not isinstance(den, BufferLoad) or any(uses) or not isinstance(num, BufferLoad) \
+                or not any(num.source.same_as(b) for b in exps):
             return block
         value = num * (tirx.const(1.0, "float32") / den)
         return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint,
