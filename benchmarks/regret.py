@@ -11,7 +11,8 @@ against each other, replayed groups included), so a rho near the ceiling is as g
 groups slower than their parts (by > 5%), and regret: the time lost against the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
 us and as a share of the model's fused time; then the groups slower beyond noise ("sure": the saving's
-95% interval over the paired rounds lies below 0, `ProfileResult.sure_losses`) and the regret they carry.
+95% interval over the paired rounds lies below 0, `ProfileResult.sure_losses`; with `--runs`, of the first run)
+and the regret they carry.
 A sum of shortfalls grows with noise alone: a group whose true saving is 0 reads a shortfall half the
 time. Regret covers the groups the model chose to fuse; a match it refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
 database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the

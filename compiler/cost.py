@@ -17,6 +17,7 @@ from .decisions import Measured, decision_key
 from .hardware import Hardware
 from .legality import convexity_violation
 from .tags import indices as _tag_indices
+from .tags import label as _tag_label
 
 if TYPE_CHECKING:
     from .patterns import Match, PatternRule
@@ -136,8 +137,7 @@ def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
     merged = merged_nodes(out)
     if merged < 2:
         return base
-    label = out.name.rsplit("_", 1)[-1] if out is not None else ""
-    passes = FULL_SIZE_PASSES.get(label, 2 * (merged - 1))
+    passes = FULL_SIZE_PASSES.get(_tag_label(out.name) if out is not None else "", 2 * (merged - 1))
     nbytes = tensor_bytes(out)
     return CostEstimate(base.bytes_saved + passes * nbytes, base.launches_saved + merged - 1,
                         base.predicted_us + traffic_us(nbytes, passes, hw) + (merged - 1) * hw.launch_overhead_us)

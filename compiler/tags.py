@@ -29,6 +29,12 @@ def indices(name: str) -> list[int]:
     return sorted(int(i) for i in m.group(1).split(SEP)) if m else []
 
 
+def label(name: str) -> str:
+    """The op a tagged name stands for (`n1x2x9_LayerNorm` -> 'LayerNorm'; untagged -> '')."""
+    m = _TAG.match(name)
+    return name[m.end():] if m else ""
+
+
 def merged(names: Iterable[str], op: str) -> str:
     """A tag naming every node the tagged `names` stand for, for a binding that replaces them all."""
     found = sorted({i for n in names for i in indices(n)})

@@ -383,19 +383,17 @@ def saving_rounds(fused: SiteTime, parts: Sequence[SiteTime], offset_us: float =
     return [sum(p.samples[r] for p in parts) - fused.samples[r] + offset_us for r in range(rounds)]
 
 
-def saving_interval(fused: SiteTime, parts: Sequence[SiteTime], confidence: float = 0.95,
-                    offset_us: float = 0.0) -> tuple[float, float] | None:
-    """Interval of the median paired saving (parts - fused, round by round) by a percentile bootstrap; None
-    without rounds on every kernel; `offset_us` is added to every round's saving (the VM calls the group saves).
-    Why: the profile's regret summed every group's shortfall, and a group whose
+def saving_interval(rounds: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Interval of the median paired saving over `rounds` (`saving_rounds`) by a percentile bootstrap; None
+    without rounds. Why: the profile's regret summed every group's shortfall, and a group whose
     true saving is 0 reads a shortfall half the time: on ResNet-18's seventeen ~800 us conv groups that was
     0.3-2.9% of the model from run to run."""
-    diffs = np.array(saving_rounds(fused, parts, offset_us))
+    diffs = np.array(rounds)
     if not len(diffs):
         return None
-    rounds = len(diffs)
+    rounds_n = len(diffs)
     rng = np.random.default_rng(0)
-    boot = np.median(diffs[rng.integers(0, rounds, size=(1000, rounds))], axis=1)
+    boot = np.median(diffs[rng.integers(0, rounds_n, size=(1000, rounds_n))], axis=1)
     lo, hi = np.percentile(boot, [50 * (1 - confidence), 50 * (1 + confidence)])
     return float(lo), float(hi)
 
@@ -466,14 +464,12 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], call_us:
         fused_us = (f.replay_us if replayed else f.us) or 0.0
         parts_us = sum((p.replay_us if replayed else p.us) or 0.0 for p in mine)
         calls_us = call_us * is_call(f), call_us * sum(map(is_call, mine))      # fused, parts
+        rounds = [] if replayed or not mine else saving_rounds(f, mine, offset_us=calls_us[1] - calls_us[0])
         groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us + calls_us[0],
                                    parts_us=parts_us + calls_us[1], parts=len(mine), bytes=f.bytes, flops=f.flops,
                                    reason=f.reason, key=f.key, predicted_us=f.predicted_us,
-                                   timing="replay" if replayed else "model run",
-                                   saving_ci=None if replayed or not mine else saving_interval(
-                                       f, mine, offset_us=calls_us[1] - calls_us[0]),
-                                   rounds=[] if replayed or not mine else [round(x, 3) for x in saving_rounds(
-                                       f, mine, offset_us=calls_us[1] - calls_us[0])]))
+                                   timing="replay" if replayed else "model run", saving_ci=saving_interval(rounds),
+                                   rounds=[round(x, 3) for x in rounds]))
     return groups
 
 

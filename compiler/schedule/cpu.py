@@ -29,8 +29,8 @@ from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               multiply_by_row_reciprocal, schedule_vector_row_reduction, tree_lane_combines)
-from .cpu_matmul import (choose_tiles, clamp_padded_rows, match_matmul, merge_rows, rows_padded, schedule_matmul,
-                         widen_param)
+from .cpu_matmul import (choose_tiles, clamp_padded_rows, match_matmul, merge_rows, round_up, rows_padded,
+                         schedule_matmul, widen_param)
 from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
 from .packing import PackPlan
 from .tir_analysis import executed_block_instances, is_reduction, is_spatial, root_blocks
@@ -402,7 +402,7 @@ def _try_matmul(
         tiles = choose_tiles(info, host, pad_columns=True)
         if tiles.pad_n and info.n is not None:
             # whole column tiles from a weight zero-padded at compile time (`widen_param`)
-            extent = -(-info.n // tiles.nr) * tiles.nr
+            extent = round_up(info.n, tiles.nr)
             param = next(p for p, v in enumerate(func.params) if v.same_as(info.b_buffer))
             func = widen_param(func, info.b_buffer, j_dim, extent)
             widened = PackPlan(param, j_dim, pad_to=extent)

@@ -318,7 +318,7 @@ def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, 
     mm = sch.get_sblock(name)
     # a constant B widened at compile time (`widen_param`) needs no copy: pad_einsum's is a plain one
     b_wide = padded_n and info.n is not None and \
-        int_or_none(info.b_buffer.shape[info.b_indices.index(info.j_iter)]) == _round_up(info.n, tiles.nr)
+        int_or_none(info.b_buffer.shape[info.b_indices.index(info.j_iter)]) == round_up(info.n, tiles.nr)
     for producer in sch.get_producers(mm):
         reads_b = any(r.source.same_as(info.b_buffer) for r in sch.get(producer).reads)
         if padded_n and reads_b and not b_wide:
@@ -332,7 +332,7 @@ def _pad_symbolic(sch: s_tir.Schedule, mm: SBlockRV, epilogue: SBlockRV | None, 
     return mm, epilogue, padded_n
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
