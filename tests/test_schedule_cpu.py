@@ -12,7 +12,7 @@ import pytest
 import scipy.special
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from fuseguard.compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
 from fuseguard.compiler.schedule import approx, workloads
@@ -254,6 +254,50 @@ def test_depthwise_and_odd_channel_convs_are_vectorised_and_right(target: tvm.ta
         # the depthwise rule itself, not a fallback after it raised (a swallowed AttributeError once
         # sent every depthwise conv to the dense kernel, 3-7x slower, with every output still right)
         assert "depthwise-conv2d" in rules, report.summary()
+
+
+def _enclosing_extents(func: tirx.PrimFunc, block_prefix: str) -> list[int]:
+    """Extents of the loops around the first block whose name starts with ``block_prefix``, outermost first."""
+    found: list[list[int]] = []
+
+    def walk(stmt: object, stack: list[int]) -> None:
+        if found:
+            return
+        if isinstance(stmt, tirx.For):
+            walk(stmt.body, stack + [int(stmt.extent)])
+        elif isinstance(stmt, tirx.SeqStmt):
+            for sub in stmt.seq:
+                walk(sub, stack)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            if stmt.block.name_hint.startswith(block_prefix):
+                found.append(stack)
+            else:
+                walk(stmt.block.body, stack)
+        elif hasattr(stmt, "body"):
+            walk(stmt.body, stack)
+
+    walk(func.body, [])
+    assert found, f"no block {block_prefix!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("kwargs, planes", [
+    (dict(c=232, hw=14, oc=232, k=3, group=232, stride=2), 2),   # ShuffleNet stage 4: a 1 KiB padded plane
+    (dict(c=232, hw=7, oc=232, k=3, group=232), 4),              # a 7x7 plane, 324 bytes padded
+    (dict(c=58, hw=56, oc=58, k=3, group=58, stride=2), 1),      # a 13 KiB plane: one a task
+])
+def test_small_padded_planes_are_written_several_before_the_first_is_convolved(
+        target: tvm.target.Target, kwargs: dict, planes: int) -> None:
+    """One small plane padded then convolved at once made the conv's loads wait on the padding's stores
+    (ShuffleNet's 232-channel 14x14 stride-2 depthwise conv: 160 us, 10.4 with two planes a task)."""
+    report, mod = _check(workloads.conv_bn_relu(**kwargs), target)
+    assert "depthwise-conv2d" in report.scheduled.values(), report.summary()
+    func = next(f for gv, f in mod.functions_items() if report.scheduled.get(gv.name_hint) == "depthwise-conv2d")
+    pad, conv = _enclosing_extents(func, "pad_temp"), _enclosing_extents(func, "group_conv2d_nchw_update")
+    channels = kwargs["c"] // planes
+    assert pad[0] == conv[0] == channels, (pad, conv)
+    if planes > 1:
+        assert conv[1] == planes and pad[1] != planes, (pad, conv)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ accumulated in registers; the fused bias/BN/activation epilogue runs on the fini
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -29,6 +30,16 @@ ROW_VECTOR_MAX = 256
 #: Largest output plane whose epilogue runs on the whole plane at once (narrow rows only).
 PLANE_EPILOGUE_MAX = 1024
 DEINTERLEAVE_MAX_WIDTH = 64
+#: A padded plane smaller than this is written together with its neighbours' before the first is convolved.
+#: Written and read back one plane at a time, the conv's row vectors load what the padding loop stored a few
+#: dozen instructions before, across two or more of its stores: each such load waits for those stores to
+#: leave the store buffer (a failed store-to-load forward, ~15 cycles on the FMA chain). Measured (SPR,
+#: 2 threads, `vm.time_evaluator`), one plane a task against two or more: 232ch 14x14 stride 2 (1 KiB
+#: de-interleaved plane) 160 -> 10.4 us (ORT 16-18 through its Python API), 232ch 12x12 stride 2 26 -> 6.6 us, 232ch 7x7 stride 1
+#: 8.1 -> 6.6 us, 116ch 14x14 stride 1 10.1 -> 9.2 us; large planes (96ch 112x112, 144ch 56x56) ran 5-10%
+#: slower grouped, so they stay one a task.
+PAD_BLOCK_BYTES = 2048
+PAD_BLOCK_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,22 @@ def _column_stride(sch: s_tir.Schedule, conv: SBlockRV, producers: list[SBlockRV
     return None
 
 
+def _planes_per_task(info: DepthwiseInfo, pads: list) -> int:
+    """Channels whose padded planes one task writes before it convolves the first of them (a divisor of the
+    channel count up to :data:`PAD_BLOCK_MAX`), so a small plane's stores have left the store buffer when the
+    conv's loads read them back (:data:`PAD_BLOCK_BYTES`)."""
+    if not info.depthwise or len(pads) != 1:
+        return 1
+    dims = [int_or_none(d) for d in pads[0].shape[2:]]
+    if any(d is None for d in dims):
+        return 1
+    plane = 4 * math.prod(dims)
+    if plane >= PAD_BLOCK_BYTES:
+        return 1
+    want = min(PAD_BLOCK_MAX, -(-PAD_BLOCK_BYTES // plane))
+    return max(d for d in range(1, want + 1) if info.channels % d == 0)
+
+
 def _row_vector(width: int, lanes: int) -> int:
     """Lanes per vector step along an output row: the largest divisor of the width up to one register
     (no tail loop: a predicated tail keeps TVM from vectorising), else the whole row when it is short."""
@@ -160,13 +187,17 @@ def schedule_depthwise(sch: s_tir.Schedule, info: DepthwiseInfo, host: HostCPU, 
     wo, wi = sch.split(w, [None, vec])
     sch.reorder(n, c, h, wo, rc, ry, rx, wi)
     nc = sch.fuse(n, c)
+    pad_at = nc
+    per_task = _planes_per_task(info, [sch.get(p).writes[0].source for p in producers])
+    if per_task > 1:
+        pad_at, nc = sch.split(nc, [None, per_task])
     # Every loop annotation goes on before decompose_reduction: the update block alone is no longer a
     # complete reduction, and compute_at / vectorize refuse subtrees that hold it.
     if num_threads > 1:
-        sch.parallel(nc)
+        sch.parallel(pad_at)
     for p in producers:
-        if info.depthwise:      # one channel's padded plane per task; a dense conv needs every channel
-            sch.compute_at(p, nc, preserve_unit_loops=True)
+        if info.depthwise:      # a few channels' padded planes per task; a dense conv needs every channel
+            sch.compute_at(p, pad_at, preserve_unit_loops=True)
         elif num_threads > 1:
             sch.parallel(sch.fuse(*sch.get_loops(p)[:2]))
         inner = sch.get_loops(p)[-1]
