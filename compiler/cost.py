@@ -126,21 +126,29 @@ def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
 #: two full-size passes a node, LLaMA-tiny's RMSNorm groups were predicted at 7.3-9.0 us against 4-5 us
 #: measured, above its gated-MLP groups (7.4 predicted, 7-8 measured; SPR class).
 FULL_SIZE_PASSES = {"LayerNormalization": 9, "RMSNorm": 4}
+#: Of a decomposition's nodes, those writing a full-size tensor (the rest write a value a row and cost the
+#: VM's call, `Hardware.small_kernel_us`, not a full kernel's launch). Each charged a full launch, the row
+#: nodes had LLaMA-tiny's RMSNorm groups predicted at 5.9-7.6 us against 3.4-4.4 measured, level with its
+#: gated-MLP (7.4 predicted, 7.7-9.8 measured) and attention groups (7.7, 11.0-11.2): rho 0.46 (SPR class).
+FULL_SIZE_NODES = {"LayerNormalization": 5, "RMSNorm": 2}
 
 
 def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
     """A rule that recognises a decomposed op (LayerNorm, RMSNorm written out as 5-9 ONNX nodes): each merged
     node was its own kernel, and its full-size intermediates made `FULL_SIZE_PASSES` over a tensor the size of
-    the output (an unknown decomposition: two a node)."""
+    the output (an unknown decomposition: two a node, every node full-size)."""
     base = intermediate_traffic_cost(match, hw)
     out = match.output_var()
     merged = merged_nodes(out)
     if merged < 2:
         return base
-    passes = FULL_SIZE_PASSES.get(_tag_label(out.name) if out is not None else "", 2 * (merged - 1))
+    label = _tag_label(out.name) if out is not None else ""
+    passes = FULL_SIZE_PASSES.get(label, 2 * (merged - 1))
+    full = min(merged - 1, FULL_SIZE_NODES.get(label, merged - 1))
+    launches_us = full * hw.launch_overhead_us + (merged - 1 - full) * hw.small_kernel_us
     nbytes = tensor_bytes(out)
     return CostEstimate(base.bytes_saved + passes * nbytes, base.launches_saved + merged - 1,
-                        base.predicted_us + traffic_us(nbytes, passes, hw) + (merged - 1) * hw.launch_overhead_us)
+                        base.predicted_us + traffic_us(nbytes, passes, hw) + launches_us)
 
 
 def merged_nodes(var: relax.Var | None) -> int:

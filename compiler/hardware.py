@@ -27,6 +27,8 @@ class Hardware:
     mem_bandwidth_gbs: float        # DRAM/HBM bandwidth
     l2_bytes: int
     launch_overhead_us: float       # per kernel (CUDA launch, or CPU parallel-region fork/join)
+    #: per kernel too small to run in parallel (a CPU row-sized kernel: the VM's call); 0: launch_overhead_us
+    call_overhead_us: float = 0.0
     #: CPU: read + write bandwidth of all cores together for a tensor that stays in L2 / L3 (0: as DRAM)
     l2_bandwidth_gbs: float = 0.0
     l3_bandwidth_gbs: float = 0.0
@@ -50,6 +52,11 @@ class Hardware:
     @property
     def is_gpu(self) -> bool:
         return self.kind == "cuda"
+
+    @property
+    def small_kernel_us(self) -> float:
+        """What a kernel over a handful of values costs (a GPU launch costs the same at any size)."""
+        return self.call_overhead_us or self.launch_overhead_us
 
 
 
@@ -88,6 +95,9 @@ SUPPORTED_GPU_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 #: numpy on one core: 70-87 GB/s from L1/L2, 29 from L3, 13-23 from DRAM. A tensor counts as in a level when
 #: it fills at most half of it (the kernel's input and output share it). Per core, so they scale with cores.
 CPU_LAUNCH_US = 1.0
+#: ... and a kernel on a few rows' worth of values (a LayerNorm's means, its eps added, its square root) costs
+#: the VM call alone: 0.26 us at 64 floats in that chain (`fuseguard profile` reads 0.22-0.24 us a call).
+CPU_CALL_US = 0.26
 CPU_L2_GBS_PER_CORE = 70.0
 CPU_L3_GBS_PER_CORE = 28.0
 #: DRAM: a conservative per-socket DDR4 figure (a shared host's neighbours take their share of it).
@@ -100,7 +110,8 @@ def host_cpu(mcpu: str = "generic") -> Hardware:
     bandwidths of :data:`CPU_L2_GBS_PER_CORE` and the rest, per core)."""
     host = hostcpu.detect_host()
     cores = max(1, host.cores)
-    return Hardware("host CPU", "cpu", mcpu, CPU_DRAM_GBS, host.l2_bytes or 512 * KiB, CPU_LAUNCH_US, cores=host.cores,
+    return Hardware("host CPU", "cpu", mcpu, CPU_DRAM_GBS, host.l2_bytes or 512 * KiB, CPU_LAUNCH_US,
+                    call_overhead_us=CPU_CALL_US, cores=host.cores,
                     l1d_bytes=host.l1d_bytes or 32 * KiB, l3_bytes=host.l3_bytes or 8 * MiB,
                     vector_regs=_vector_registers(mcpu), l2_bandwidth_gbs=CPU_L2_GBS_PER_CORE * cores,
                     l3_bandwidth_gbs=CPU_L3_GBS_PER_CORE * cores)

@@ -325,3 +325,24 @@ def test_a_decomposition_is_charged_the_passes_its_full_size_intermediates_make(
     assert ln.bytes_saved % nbytes == 0 and ln.bytes_saved // nbytes in (9, 9 + 2, 9 + 2 * 2), ln.bytes_saved
     assert ln.launches_saved >= 8
 
+
+
+def test_a_decompositions_row_sized_nodes_cost_a_call_not_a_kernel_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LayerNorm's means, eps added and square root write a value a row: unfused, each costs the VM's call
+    (`Hardware.small_kernel_us`), not a full kernel's launch; counted as launches, LLaMA-tiny's RMSNorm groups
+    were predicted level with its gated-MLP and attention groups, which save two to three times as much."""
+    from fuseguard.compiler import cost
+    from fuseguard.compiler.hardware import host_cpu
+
+    def layernorm_us() -> float:
+        b = build("softmax_layernorm")
+        (ln,) = [d for d in b.report.decisions if d.pattern == "layernorm" and d.fused][:1]
+        return ln.predicted_us
+
+    hw = host_cpu("generic")
+    assert 0 < hw.small_kernel_us < hw.launch_overhead_us
+    split = layernorm_us()
+    monkeypatch.setattr(cost, "FULL_SIZE_NODES", {})
+    every_node_launched = layernorm_us()
+    # nine nodes merged into one kernel: eight saved, five of them full-size, three a value a row
+    assert every_node_launched - split == pytest.approx(3 * (hw.launch_overhead_us - hw.small_kernel_us), abs=0.01)
