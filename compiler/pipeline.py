@@ -45,6 +45,8 @@
                                     a pattern group no rule can schedule is vetoed (with that reason)
                                     and steps 1-8 run again without it
     9  lower + memory planning      StaticPlanBlockMemory, ... VMShapeLower
+       9b concat_in_place          CPU: a concat of contiguous slices written in place by the kernels of
+                                    its inputs, the copy dropped (compiler/concat_in_place.py)  [concat_in_place]
    10  codegen                      tvm.compile for {"kind": "llvm", "mcpu": host} or {"kind": "cuda", "arch": sm_XX}
    10b SASS check (CUDA)            every kernel through nvcc/ptxas for sm_XX (compiler/sass.py): a fused
                                     group that spills, cannot launch, or loses more to occupancy than it
@@ -72,6 +74,7 @@ from . import cost, decisions, hostcpu, patterns, progress, report, settings, su
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
+from .concat_in_place import concat_in_place
 from .legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
@@ -141,6 +144,9 @@ class CompileOptions:
     qdq: bool = True
     #: int8 QDQ models on CPUs with VNNI: MatMuls on int8 weights as integer GEMMs (compiler/int8_gemm.py)
     int8_kernels: bool = True
+    #: CPU: a concatenation along an axis of contiguous slices written in place by its inputs' kernels, after
+    #: memory planning (compiler/concat_in_place.py)
+    concat_in_place: bool = True
 
     def __post_init__(self) -> None:
         precision_check(self.precision)
@@ -605,14 +611,20 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
                    if g.pattern != "generic" and g.kernel in left_alone and g.function in links
                    and left_alone[g.kernel] != "already scheduled"] + not_replaced
 
-    finalize = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(),
-                T.StaticPlanBlockMemory()]
-    if spec.is_gpu:
-        finalize.append(T.RewriteCUDAGraph())
+    plan = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(),
+            T.StaticPlanBlockMemory()]
+    finalize = [T.RewriteCUDAGraph()] if spec.is_gpu else []
     finalize += [T.LowerAllocTensor(), T.KillAfterLastUse(), T.LowerRuntimeBuiltin(), T.ComputePrimValue(),
                  T.VMShapeLower(), T.AttachGlobalSymbol()]
     rep.kernels = report.count_kernels(mod)
     rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
+    mod = stage("memory_plan", plan, mod)
+    if options.concat_in_place and not spec.is_gpu:
+        mod, dropped = concat_in_place(mod)
+        if dropped:
+            rep.kernels -= len(dropped)
+            rep.call_sites = report.without_calls(rep.call_sites, dropped)
+            rep.memory = f"memory: {len(dropped)} concatenation(s) written in place by the kernels of their inputs"
     mod = stage("memory_plan", finalize, mod)
     rep.planned_bytes = report.planned_bytes(mod)
     rep.compile_s = time.perf_counter() - t0

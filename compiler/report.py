@@ -66,6 +66,8 @@ class FusionReport:
     layout: str = ""
     #: what the QDQ step did (compiler/qdq.QdqSummary.line), "" for models without Quantize/Dequantize
     qdq: str = ""
+    #: what memory planning changed beyond TVM's plan (compiler/concat_in_place.py), "" for nothing
+    memory: str = ""
 
     def precision_line(self) -> str:
         """Which ops run in which type: "bf16: matmul x8 bf16 operands, fp32 accumulate; ..." (or "")."""
@@ -95,6 +97,7 @@ class FusionReport:
             "stage_s": dict(self.stage_s), "imported_via": self.imported_via, "schedules": dict(self.schedules),
             "call_sites": [dict(c) for c in self.call_sites], "sass": self.sass, "planned_bytes": self.planned_bytes,
             "dynamic": list(self.dynamic), "precision": self.precision, "dtypes": self.dtypes, "layout": self.layout, "qdq": self.qdq,
+            "memory": self.memory,
             "groups": [g.to_dict() for g in self.groups],
             "decisions": [d.to_dict() for d in self.decisions],
         }
@@ -115,7 +118,8 @@ class FusionReport:
         via = " (imported through ONNX Runtime's shape folding)" if self.imported_via != "onnx" else ""
         table = Table(title=f"fusion report: {self.model} on {self.target} "
                             f"({len(self.groups)} fused groups, {self.kernels} kernels){via}",
-                      caption="; ".join(x for x in (self.layout, self.qdq, self.precision_line()) if x) or None)
+                      caption="; ".join(x for x in (self.layout, self.qdq, self.memory, self.precision_line()) if x)
+                      or None)
         for col in ("group", "pattern", "ops", "ONNX nodes", "why"):
             table.add_column(col, overflow="fold")
         for g in self.groups[:max_rows]:
@@ -323,6 +327,19 @@ def kernel_call_sites(mod: tvm.IRModule, groups: list[FusedGroup], provenance) -
                     "reason": g.reason if g is not None else "", "bytes": nbytes, "flops": flops.get(kernel, 0),
                     "key": g.decision_key if g is not None else "",
                     "predicted_us": g.predicted_us if g is not None else 0.0})
+    return out
+
+
+def without_calls(sites: list[dict], dropped: list[str]) -> list[dict]:
+    """`sites` less the calls a later step dropped: each of `dropped` (kernel names, in execution order) is
+    the next site of that kernel after the previous one removed."""
+    out, pos = list(sites), 0
+    for kernel in dropped:
+        j = next((k for k in range(pos, len(out)) if out[k]["kernel"] == kernel), None)
+        if j is None:
+            continue
+        del out[j]
+        pos = j
     return out
 
 

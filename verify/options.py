@@ -86,6 +86,8 @@ def add_build_options(addoption: AddOption, prefix: str = "", *, timeout: float 
          help="keep convs in NCHW: no channel-blocked layout step (compiler/layout.py)")
     _add(addoption, prefix, "no-channel-padding", action="store_true", default=False,
          help="block only convs whose channels are whole blocks: no zero-filter padding (compiler/padding.py)")
+    _add(addoption, prefix, "no-concat-in-place", action="store_true", default=False,
+         help="keep every concatenation a copy: no inputs written in place (compiler/concat_in_place.py)")
     _add(addoption, prefix, "no-qdq-fold", action="store_true", default=False,
          help="int8 QDQ models: keep each Quantize->Dequantize pair as two kernels instead of exact fp32 "
               "arithmetic fused into its producer (compiler/qdq.py)")
@@ -188,7 +190,8 @@ def compile_options(get: Callable[[str], Any]) -> Any:
                           disabled_patterns=frozenset(get("disable-pattern") or ()),
                           schedule=not get("no-schedule"), layout=not get("no-layout"),
                           channel_padding=not get("no-channel-padding"), qdq=not get("no-qdq-fold"),
-                          int8_kernels=not get("no-int8-kernels"), precision=get("precision") or "fp32",
+                          int8_kernels=not get("no-int8-kernels"), concat_in_place=not get("no-concat-in-place"),
+                          precision=get("precision") or "fp32",
                           dynamic=parse_dynamic([str(d) for group in (get("dynamic") or ()) for d in group]))
 
 
