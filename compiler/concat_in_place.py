@@ -79,6 +79,7 @@ class _Plan:
     writers: dict[relax.Var, list[int]] = field(default_factory=dict)     # tensor -> kernel calls writing it
     roots: dict[relax.Var, set] = field(default_factory=dict)             # var -> the tensors it may alias
     last_use: dict[relax.Var, int] = field(default_factory=dict)          # tensor -> last binding reading it
+    used: set = field(default_factory=set)                                # every var some binding reads
 
     def of(self, var: relax.Var) -> set:
         return self.roots.get(var, {var})
@@ -101,6 +102,7 @@ def _plan(mod: tvm.IRModule, block: relax.BindingBlock, tail: list[relax.Expr]) 
             plan.size[b.var] = int(dims[0]) if len(dims) == 1 and isinstance(dims[0], tvm.tirx.IntImm) else -1
             continue
         used = list(relax.analysis.free_vars(value))
+        plan.used.update(used)
         roots = set().union(*(plan.of(v) for v in used)) if used else set()
         for t in roots:
             plan.last_use[t] = i
@@ -111,6 +113,7 @@ def _plan(mod: tvm.IRModule, block: relax.BindingBlock, tail: list[relax.Expr]) 
             plan.roots[b.var] = roots     # an alias, a view or a tuple of them: its uses are the tensors' uses
     for expr in tail:                     # the function's result, later blocks: live to the end
         for v in relax.analysis.free_vars(expr):
+            plan.used.add(v)
             for t in plan.of(v):
                 plan.last_use[t] = _FOREVER
     return plan
@@ -137,7 +140,7 @@ def _rewrite_block(mod: tvm.IRModule, block: relax.BindingBlock,
     drop: set[int] = set()
     for i, b in enumerate(bindings):
         call = b.value if isinstance(b, relax.VarBinding) else None
-        if not isinstance(call, relax.Call) or not _is_concat(mod, call):
+        if not isinstance(call, relax.Call) or not _is_concat(mod, call) or b.var in plan.used:
             continue
         if not all(isinstance(a, relax.Var) and len(plan.of(a)) == 1 for a in call.args):
             continue
