@@ -133,7 +133,7 @@ def _host_storage(plan: _Plan, moved: list[relax.Var], need: int, start: int, en
 
 
 def _rewrite_block(mod: tvm.IRModule, block: relax.BindingBlock,
-                   tail: list[relax.Expr]) -> tuple[relax.BindingBlock, list[str]]:
+                   tail: list[relax.Expr]) -> tuple[relax.BindingBlock, list[tuple[str, frozenset]]]:
     plan = _plan(mod, block, tail)
     bindings = plan.bindings
     moved_all: set = set()
@@ -194,13 +194,18 @@ def _rewrite_block(mod: tvm.IRModule, block: relax.BindingBlock,
                 out_bindings.append(relax.VarBinding(b.var, new))
         else:
             out_bindings.append(b)
-    return relax.BindingBlock(out_bindings), [bindings[i].value.op.name_hint for i in sorted(drop)]
+    dropped = []
+    for i in sorted(drop):
+        out = next(iter(plan.of(bindings[i].value.args[-1])))
+        names = {v.name for v, roots in plan.roots.items() if roots == {out}} | {out.name}
+        dropped.append((bindings[i].value.op.name_hint, frozenset(names)))
+    return relax.BindingBlock(out_bindings), dropped
 
 
-def concat_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
-    """`mod` with every qualifying concatenation written in place by its inputs' kernels, and the kernels of
-    the concat calls dropped, in execution order."""
-    dropped: list[str] = []
+def concat_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tuple[str, frozenset]]]:
+    """`mod` with every qualifying concatenation written in place by its inputs' kernels, and each dropped
+    call's kernel with the names bound to its output (a call site's `var` is one), in execution order."""
+    dropped: list[tuple[str, frozenset]] = []
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):

@@ -330,16 +330,15 @@ def kernel_call_sites(mod: tvm.IRModule, groups: list[FusedGroup], provenance) -
     return out
 
 
-def without_calls(sites: list[dict], dropped: list[str]) -> list[dict]:
-    """`sites` less the calls a later step dropped: each of `dropped` (kernel names, in execution order) is
-    the next site of that kernel after the previous one removed."""
-    out, pos = list(sites), 0
-    for kernel in dropped:
-        j = next((k for k in range(pos, len(out)) if out[k]["kernel"] == kernel), None)
-        if j is None:
-            continue
-        del out[j]
-        pos = j
+def without_calls(sites: list[dict], dropped: list[tuple[str, frozenset]]) -> list[dict]:
+    """`sites` less the calls a later step dropped, each given as its kernel and the names bound to its output
+    (the site's `var` among them). By name, not by position among the kernel's sites: when only some of one
+    kernel's calls are dropped, the n-th dropped is not the n-th site (ShuffleNet's unfused concats)."""
+    out = list(sites)
+    for kernel, names in dropped:
+        j = next((k for k, site in enumerate(out) if site["kernel"] == kernel and site["var"] in names), None)
+        if j is not None:
+            del out[j]
     return out
 
 

@@ -107,3 +107,37 @@ def test_an_input_read_again_after_the_concat_is_still_right() -> None:
     """The expand output lives on in the concat's storage; a later reader sees the same values."""
     build = _build_and_check(_fire(reuse=True), layout=False)
     assert build.report.memory.startswith("memory: 2 concatenation"), build.report.memory
+
+
+@pytest.mark.parametrize("fires", [2, 3])
+def test_the_call_sites_line_up_when_only_some_concats_are_placed(fires: int) -> None:
+    """The unfused build places some of its fire modules' concats (one kernel, same shapes): the report's call
+    sites must lose the placed calls' sites, not the first of the kernel's, or the per-kernel profile ties a
+    kernel's time to another call (on ShuffleNet-V2's unfused build it raised)."""
+    import tvm
+    from tvm import relax
+
+    build = _build_and_check(_fire(fires=fires), fusion=False, layout=False)
+    moved = int(build.report.memory.split()[1])
+    assert 0 < moved < fires, build.report.memory
+    calls: list[str] = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar) \
+                and isinstance(build.lowered[expr.op], tvm.tirx.PrimFunc):
+            calls.append(expr.op.name_hint)
+
+    relax.analysis.post_order_visit(build.lowered["main"].body, visit)
+    assert [site["kernel"] for site in build.report.call_sites] == calls
+
+
+def test_a_dropped_call_takes_its_own_site_not_the_first_of_its_kernel() -> None:
+    """ShuffleNet-V2's unfused build keeps a concat and places a later one of the same kernel: removed by
+    position among the kernel's sites, the kept call's site went, and the profile raised (or tied a time to
+    the wrong call)."""
+    from fuseguard.compiler.report import without_calls
+
+    sites = [{"kernel": "concatenate", "var": "cat_kept"}, {"kernel": "conv2d", "var": "c"},
+             {"kernel": "concatenate", "var": "cat_placed"}, {"kernel": "concatenate", "var": "cat_other"}]
+    left = without_calls(sites, [("concatenate", frozenset({"alloc7", "cat_placed"}))])
+    assert [s["var"] for s in left] == ["cat_kept", "c", "cat_other"]
