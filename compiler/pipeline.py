@@ -620,10 +620,15 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
     mod = stage("memory_plan", plan, mod)
     if options.concat_in_place and not spec.is_gpu:
-        mod, dropped = concat_in_place(mod)
+        try:
+            mod, dropped = concat_in_place(mod)
+        except Exception as err:  # noqa: BLE001 - a module the step misreads: name it, keep the cause for --debug
+            raise CompileError(f"{name}: stage 'concat_in_place' failed for {spec.label}: {type(err).__name__}: "
+                               f"{error_line(err)}", stage="concat_in_place") from err
         if dropped:
-            rep.kernels -= len(dropped)
-            rep.call_sites = report.without_calls(rep.call_sites, dropped)
+            kept = report.without_calls(rep.call_sites, dropped)
+            rep.traffic_bytes -= sum(s["bytes"] for s in rep.call_sites) - sum(s["bytes"] for s in kept)
+            rep.kernels, rep.call_sites = rep.kernels - len(dropped), kept
             rep.memory = f"memory: {len(dropped)} concatenation(s) written in place by the kernels of their inputs"
     mod = stage("memory_plan", finalize, mod)
     rep.planned_bytes = report.planned_bytes(mod)

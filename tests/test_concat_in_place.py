@@ -89,6 +89,7 @@ def test_fire_module_concats_are_written_in_place_and_right(fusion: bool, layout
     concats = [site for site in on.report.call_sites if site["kernel"].startswith("concatenate")]
     assert len(concats) == 2 - moved
     assert on.report.planned_bytes <= off.report.planned_bytes
+    assert on.report.traffic_bytes < off.report.traffic_bytes      # the copies' reads and writes are gone
 
 
 @pytest.mark.parametrize("case", [
