@@ -227,3 +227,15 @@ def concat_in_place(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tuple[str, fr
     for gv, func in updates.items():
         mod[gv] = func
     return mod, dropped
+
+
+def ConcatInPlace(dropped: list[tuple[str, frozenset]]) -> tvm.transform.Pass:  # noqa: N802 - a TVM pass
+    """`concat_in_place` as a module pass for the pipeline's stages; `dropped` receives what it dropped."""
+
+    @tvm.transform.module_pass(opt_level=0, name="ConcatInPlace")
+    def _pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod, names = concat_in_place(mod)
+        dropped.extend(names)
+        return mod
+
+    return _pass

@@ -74,7 +74,7 @@ from . import cost, decisions, hostcpu, patterns, progress, report, settings, su
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
 from .hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
-from .concat_in_place import concat_in_place
+from .concat_in_place import ConcatInPlace
 from .legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
 from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
 from .importer import ImportResult, import_folded, import_model, provenance_of
@@ -620,11 +620,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
     mod = stage("memory_plan", plan, mod)
     if options.concat_in_place and not spec.is_gpu:
-        try:
-            mod, dropped = concat_in_place(mod)
-        except Exception as err:  # noqa: BLE001 - a module the step misreads: name it, keep the cause for --debug
-            raise CompileError(f"{name}: stage 'concat_in_place' failed for {spec.label}: {type(err).__name__}: "
-                               f"{error_line(err)}", stage="concat_in_place") from err
+        dropped: list[tuple[str, frozenset]] = []
+        mod = stage("concat_in_place", [ConcatInPlace(dropped)], mod)
         if dropped:
             kept = report.without_calls(rep.call_sites, dropped)
             rep.traffic_bytes -= sum(s["bytes"] for s in rep.call_sites) - sum(s["bytes"] for s in kept)

@@ -142,3 +142,18 @@ def test_a_dropped_call_takes_its_own_site_not_the_first_of_its_kernel() -> None
              {"kernel": "concatenate", "var": "cat_placed"}, {"kernel": "concatenate", "var": "cat_other"}]
     left = without_calls(sites, [("concatenate", frozenset({"alloc7", "cat_placed"}))])
     assert [s["var"] for s in left] == ["cat_kept", "c", "cat_other"]
+
+
+def test_a_failing_step_is_a_one_line_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module the step misreads fails that model's build as a CompileError naming the stage, as a TVM pass
+    failing does, not with a bare traceback."""
+    from fuseguard.compiler import concat_in_place as step
+    from fuseguard.compiler.errors import CompileError
+
+    def broken(mod):  # noqa: ANN001, ANN202 - stands in for the step
+        raise ValueError("an unexpected binding")
+
+    monkeypatch.setattr(step, "concat_in_place", broken)
+    with pytest.raises(CompileError, match="fire: stage 'concat_in_place' failed .*an unexpected binding") as info:
+        compile_model(_fire(), options=CompileOptions(layout=False))
+    assert "\n" not in str(info.value)

@@ -326,7 +326,6 @@ def test_a_decomposition_is_charged_the_passes_its_full_size_intermediates_make(
     assert ln.launches_saved >= 8
 
 
-
 def test_a_decompositions_row_sized_nodes_cost_a_call_not_a_kernel_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """LayerNorm's means, eps added and square root write a value a row: unfused, each costs the VM's call
     (`Hardware.small_kernel_us`), not a full kernel's launch; counted as launches, LLaMA-tiny's RMSNorm groups

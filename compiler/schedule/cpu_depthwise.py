@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
@@ -35,9 +36,9 @@ DEINTERLEAVE_MAX_WIDTH = 64
 #: dozen instructions before, across two or more of its stores: each such load waits for those stores to
 #: leave the store buffer (a failed store-to-load forward, ~15 cycles on the FMA chain). Measured (SPR,
 #: 2 threads, `vm.time_evaluator`), one plane a task against two or more: 232ch 14x14 stride 2 (1 KiB
-#: de-interleaved plane) 160 -> 10.4 us (ORT 16-18 through its Python API), 232ch 12x12 stride 2 26 -> 6.6 us, 232ch 7x7 stride 1
-#: 8.1 -> 6.6 us, 116ch 14x14 stride 1 10.1 -> 9.2 us; large planes (96ch 112x112, 144ch 56x56) ran 5-10%
-#: slower grouped, so they stay one a task.
+#: de-interleaved plane) 160 -> 10.4 us (ORT 16-18 through its Python API), 232ch 12x12 stride 2
+#: 26 -> 6.6 us, 232ch 7x7 stride 1 8.1 -> 6.6 us, 116ch 14x14 stride 1 10.1 -> 9.2 us; large planes
+#: (96ch 112x112, 144ch 56x56) ran 5-10% slower grouped, so they stay one a task.
 PAD_BLOCK_BYTES = 2048
 PAD_BLOCK_MAX = 8
 
@@ -133,7 +134,7 @@ def _planes_per_task(info: DepthwiseInfo, pads: list) -> int:
     dims = [int_or_none(d) for d in pads[0].shape[2:]]
     if any(d is None for d in dims):
         return 1
-    plane = 4 * math.prod(dims)
+    plane = math.prod(dims) * tvm.DataType(str(pads[0].dtype)).bits // 8
     if plane >= PAD_BLOCK_BYTES:
         return 1
     want = min(PAD_BLOCK_MAX, -(-PAD_BLOCK_BYTES // plane))
