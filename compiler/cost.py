@@ -104,7 +104,8 @@ def traffic_us(nbytes: int, times: int, hw: Hardware) -> float:
 
 
 def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
-    """Default cost: each intermediate tensor is written once and read once per consumer when unfused."""
+    """Default cost: each intermediate tensor is written once and read once per consumer when unfused, at the
+    rate of the kernel that reads it (:func:`serial_read_gbs` where that kernel runs on one core)."""
     out = match.output_var()
     saved, us = 0, 0.0
     for var in match.vars:
@@ -113,9 +114,105 @@ def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
         nbytes = tensor_bytes(var)
         readers = max(1, len([u for u in match.var_usages.get(var, [])]))
         saved += nbytes * (1 + readers)
-        us += traffic_us(nbytes, 1 + readers, hw)
+        serial_gbs = serial_read_gbs(match, var, nbytes, hw)
+        us += traffic_us(nbytes, 1 + readers, hw) if serial_gbs is None else nbytes * (1 + readers) / (serial_gbs * 1e3)
     launches = max(0, len(match.ops) - 1)
     return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us + launches * hw.launch_overhead_us)
+
+
+def _kernel_size(var: relax.Var, value: relax.Expr) -> tuple[int, int] | None:
+    """(iterations, bytes of buffers) of the kernel computing ``var`` alone, as the CPU scheduler counts them:
+    a conv's or matmul's iterations are its multiply-adds, another op's its largest tensor's elements. None
+    when a shape is unknown or the binding is not an operator call."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    out_dims = dims_for_cost(var)
+    tensors = [a for a in value.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+    arg_dims = [dims_for_cost(a) for a in tensors]
+    if out_dims is None or any(d is None for d in arg_dims):
+        return None
+    work = max([math.prod(out_dims)] + [math.prod(d) for d in arg_dims])   # type: ignore[arg-type]
+    name = value.op.name
+    if name in ("relax.nn.conv2d", "relax.nn.conv1d") and len(arg_dims) > 1:
+        work = math.prod(out_dims) * math.prod(arg_dims[1][1:])            # type: ignore[index]
+    elif name == "relax.matmul" and arg_dims and arg_dims[0]:
+        work = math.prod(out_dims) * arg_dims[0][-1]                       # type: ignore[index]
+    return work, tensor_bytes(var) + sum(tensor_bytes(a) for a in tensors)
+
+
+def _serial(size: tuple[int, int] | None) -> bool | None:
+    """The CPU scheduler's rule (`schedule.cpu.PARALLEL_MIN_WORK` iterations, `PARALLEL_MIN_BYTES` of
+    buffers) on a :func:`_kernel_size`."""
+    from .schedule.cpu import PARALLEL_MIN_BYTES, PARALLEL_MIN_WORK
+
+    return None if size is None else size[0] < PARALLEL_MIN_WORK and size[1] < PARALLEL_MIN_BYTES
+
+
+def runs_serial(var: relax.Var, value: relax.Expr) -> bool | None:
+    """Would the unfused kernel computing ``var`` run on one core? None when a shape is unknown."""
+    return _serial(_kernel_size(var, value))
+
+
+#: Ops that keep a tensor's size but reduce along its rows: their kernels are bound by arithmetic and row
+#: passes, not by moving the tensor once (see :func:`serial_read_gbs`).
+ROW_REDUCING_OPS = frozenset({"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "softmax",
+                              "log_softmax"})
+
+
+def moves_its_tensor(var: relax.Var, value: relax.Expr) -> bool:
+    """Is the kernel computing ``var`` bound by moving its tensors once (elementwise, broadcasting, a copy)?
+    Its output has as many elements as its largest input, and it is no row reduction or contraction."""
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return False
+    op = value.op.name.rsplit(".", 1)[-1]
+    if op in ROW_REDUCING_OPS or op in ("conv1d", "conv2d", "conv3d", "matmul"):
+        return False
+    out = dims_for_cost(var)
+    ins = [dims_for_cost(a) for a in value.args if isinstance(getattr(a, "ty", None), relax.TensorType)]
+    if out is None or not ins or any(d is None for d in ins):
+        return False
+    return math.prod(out) == max(math.prod(d) for d in ins)   # type: ignore[arg-type]
+
+
+def fused_runs_serial(match: Match) -> bool | None:
+    """Would the group's fused kernel run on one core (its ops' iterations summed, the buffers it reads and
+    writes)? None when a shape is unknown."""
+    sizes = [_kernel_size(var, value) for var, value in match.bindings.items()]
+    if any(size is None for size in sizes):
+        return None
+    out = match.output_var()
+    nbytes = sum(tensor_bytes(v) for v in match.input_vars()) + (tensor_bytes(out) if out is not None else 0)
+    return _serial((sum(size[0] for size in sizes), nbytes))   # type: ignore[index]
+
+
+def serial_read_gbs(match: Match, var: relax.Var, nbytes: int, hw: Hardware) -> float | None:
+    """The rate a group's intermediate moves at when every kernel of the group reading it runs on one core
+    (:func:`runs_serial`) on a multi-core CPU and the fused kernel does not; None otherwise
+    (:func:`bandwidth_gbs` applies). One core's L3 rate where the tensor fills more than half its L2; the
+    cross-core rate where the kernel writing it ran in parallel (half of it sits in the other cores' L2); else
+    one core's L2 rate.
+
+    Why: at all cores' L2 rate, ResNet-18's conv + ReLU groups were predicted to save 2.4-12.5 us where their
+    unfused ReLUs (serial, under 2 MiB of buffers) took 5-53 us, and its conv + add + ReLU groups, whose add ran
+    in parallel at 56x56, ranked below them: rho 0.47-0.73 (SPR class, `benchmarks/regret.py`). Only for
+    readers bound by moving the tensor (:func:`moves_its_tensor`): Whisper-tiny's serial LayerNorms (768 KB
+    rows) charged so had its add + LayerNorm groups predicted 51-71 us against 7-39 measured, in the wrong
+    order (rho 0.93 -> 0.81). Where the fused kernel is serial too, it reads the group's inputs at those
+    rates as well, and the estimate keeps the caches' rates."""
+    if hw.is_gpu or not hw.cross_core_gbs or hw.cores < 2:
+        return None
+    readers = [u for u in match.var_usages.get(var, []) if u in match.bindings]
+    if not readers or not all(runs_serial(u, match.bindings[u]) and moves_its_tensor(u, match.bindings[u])
+                              for u in readers):
+        return None
+    if fused_runs_serial(match) is not False:
+        return None
+    cores = max(1, hw.cores)
+    if 2 * nbytes > hw.l2_bytes:
+        return hw.l3_bandwidth_gbs / cores
+    if runs_serial(var, match.bindings[var]) is False:
+        return hw.cross_core_gbs
+    return hw.l2_bandwidth_gbs / cores
 
 
 #: Unfused, the passes over a tensor the size of the input that an exported decomposition's intermediates

@@ -32,6 +32,9 @@ class Hardware:
     #: CPU: read + write bandwidth of all cores together for a tensor that stays in L2 / L3 (0: as DRAM)
     l2_bandwidth_gbs: float = 0.0
     l3_bandwidth_gbs: float = 0.0
+    #: CPU: one core reading a tensor all cores just wrote (half of it in the others' L2), and writing its
+    #: own output: a kernel too small to run in parallel after one that did (0: not modelled)
+    cross_core_gbs: float = 0.0
     sm_count: int = 0
     smem_per_sm_bytes: int = 0
     smem_per_block_bytes: int = 48 * 1024
@@ -100,6 +103,11 @@ CPU_LAUNCH_US = 1.0
 CPU_CALL_US = 0.26
 CPU_L2_GBS_PER_CORE = 70.0
 CPU_L3_GBS_PER_CORE = 28.0
+#: A serial kernel (under the scheduler's parallel thresholds) reading what a parallel kernel wrote: in
+#: ResNet-18's unfused build (dynamo export, 2 threads, SPR class, `fuseguard profile`) the ReLUs after a conv
+#: moved their 0.2-1.6 MB (read + write) at 26-45 GB/s, 40 typical, and the ReLUs after a serial add at
+#: 82-164 GB/s: the conv's output sits half in the other core's L2.
+CPU_CROSS_CORE_GBS = 40.0
 #: DRAM: a conservative per-socket DDR4 figure (a shared host's neighbours take their share of it).
 CPU_DRAM_GBS = 20.0
 
@@ -114,7 +122,8 @@ def host_cpu(mcpu: str = "generic") -> Hardware:
                     call_overhead_us=CPU_CALL_US, cores=host.cores,
                     l1d_bytes=host.l1d_bytes or 32 * KiB, l3_bytes=host.l3_bytes or 8 * MiB,
                     vector_regs=_vector_registers(mcpu), l2_bandwidth_gbs=CPU_L2_GBS_PER_CORE * cores,
-                    l3_bandwidth_gbs=CPU_L3_GBS_PER_CORE * cores)
+                    l3_bandwidth_gbs=CPU_L3_GBS_PER_CORE * cores,
+                    cross_core_gbs=CPU_CROSS_CORE_GBS if cores > 1 else 0.0)
 
 
 def _vector_registers(mcpu: str) -> int:

@@ -345,3 +345,52 @@ def test_a_decompositions_row_sized_nodes_cost_a_call_not_a_kernel_launch(monkey
     every_node_launched = layernorm_us()
     # nine nodes merged into one kernel: eight saved, five of them full-size, three a value a row
     assert every_node_launched - split == pytest.approx(3 * (hw.launch_overhead_us - hw.small_kernel_us), abs=0.01)
+
+
+def _conv_relu(channels: int, size: int):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((channels, channels, 3, 3)).astype("float32"),
+                                "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(nodes, f"conv_relu_{channels}x{size}", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_intermediate_read_by_a_serial_kernel_moves_at_one_cores_rate() -> None:
+    """Unfused, a ReLU under the scheduler's parallel thresholds runs on one core and reads the conv's output
+    from the cache of the core that wrote it (`Hardware.cross_core_gbs`): ResNet-18's such ReLUs took 5-53 us
+    where all cores' L2 rate predicted 2-12. A ReLU over 2 MiB or more runs in parallel and keeps that rate."""
+    from fuseguard.compiler.cost import runs_serial, traffic_us
+    from fuseguard.compiler.hardware import for_target
+    from fuseguard.compiler.schedule.cpu import PARALLEL_MIN_BYTES
+
+    def conv_relu_decision(channels: int, size: int):
+        built = compile_model(_conv_relu(channels, size))
+        (d,) = [d for d in built.report.decisions if d.pattern == "conv2d_bias_act"]
+        return built, d
+
+    built, small = conv_relu_decision(64, 28)       # 200 KiB: the ReLU's 400 KiB of buffers are serial
+    hw = for_target("cpu", built.target.arch)
+    nbytes = 64 * 28 * 28 * 4
+    assert 2 * nbytes < PARALLEL_MIN_BYTES and small.bytes_saved == 2 * nbytes
+    if hw.cores >= 2:
+        assert small.predicted_us == pytest.approx(2 * nbytes / (hw.cross_core_gbs * 1e3) + hw.launch_overhead_us,
+                                                   rel=1e-3)
+        assert small.predicted_us > traffic_us(nbytes, 2, hw) + hw.launch_overhead_us
+    else:   # one core: every kernel is serial and the estimate keeps the caches' rates
+        assert small.predicted_us == pytest.approx(traffic_us(nbytes, 2, hw) + hw.launch_overhead_us, rel=1e-3)
+    _, large = conv_relu_decision(64, 112)          # 3.1 MiB: the ReLU runs in parallel
+    nbytes = 64 * 112 * 112 * 4
+    assert 2 * nbytes >= PARALLEL_MIN_BYTES
+    assert large.predicted_us == pytest.approx(traffic_us(nbytes, 2, hw) + hw.launch_overhead_us, rel=1e-3)
+    # the rule itself, on the op alone: a ReLU is as serial as its buffers and elements say
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType([1, 64, 28, 28], "float32"))
+    assert runs_serial(relax.Var("y", relax.TensorType([1, 64, 28, 28], "float32")), relax.op.nn.relu(x)) is True
+    big = relax.Var("b", relax.TensorType([1, 64, 112, 112], "float32"))
+    assert runs_serial(relax.Var("y", relax.TensorType([1, 64, 112, 112], "float32")), relax.op.nn.relu(big)) is False
