@@ -181,7 +181,8 @@ def fused_runs_serial(match: Match) -> bool | None:
     if any(size is None for size in sizes):
         return None
     out = match.output_var()
-    nbytes = sum(tensor_bytes(v) for v in match.input_vars()) + (tensor_bytes(out) if out is not None else 0)
+    reads = sum(tensor_bytes(v) for v in [*match.input_vars(), *match.constants()])   # weights included
+    nbytes = reads + (tensor_bytes(out) if out is not None else 0)
     return _serial((sum(size[0] for size in sizes), nbytes))   # type: ignore[index]
 
 
