@@ -80,10 +80,13 @@ def test_matmul_bias_gelu_packed(target: tvm.target.Target) -> None:
     report, mod = _check(workloads.mlp_gelu(64, 96, 256), target)
     assert list(report.scheduled.values()) == ["matmul+packed"]
     assert report.packed_weights
-    # The packed weight is now a 3-D panel constant: [N / nr, K, nr].
+    # The packed weight is now a 3-D panel constant: [N / w, K, w], w a cache line of columns (or the tile's
+    # nr = two vectors where that is less: AVX2's 16)
+    from fuseguard.compiler.schedule.cpu_matmul import PANEL_BYTES
+
     shapes = [tuple(int(d) for d in p.shape) for f in mod.functions.values() if isinstance(f, tirx.PrimFunc) for p in f.params]
-    nr = 2 * host_from_target(target).fp32_lanes
-    assert (256 // nr, 96, nr) in shapes
+    w = min(2 * host_from_target(target).fp32_lanes, PANEL_BYTES // 4)
+    assert (256 // w, 96, w) in shapes
 
 
 def test_matmul_without_packing_and_odd_sizes(target: tvm.target.Target) -> None:
@@ -102,10 +105,13 @@ def test_a_weight_no_vector_divides_is_padded_to_whole_column_tiles(target: tvm.
     (GELU here) runs over the real columns after the tiles, in whole vectors and a tail."""
     report, mod = _check(workloads.mlp_gelu(30, 50, n), target)
     assert list(report.scheduled.values()) == ["matmul+packed"]
+    from fuseguard.compiler.schedule.cpu_matmul import panel_width
+
     nr = 2 * host_from_target(target).fp32_lanes
+    w = panel_width(nr)     # packed in cache-line panels, two to an AVX-512 tile
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     shapes = [tuple(int(d) for d in p.shape) for p in func.params]
-    assert (-(-n // nr), 50, nr) in shapes, shapes
+    assert (-(-n // nr) * nr // w, 50, w) in shapes, shapes
     script = func.script()
     assert "_pad\"" not in script.replace("matmul_pad", ""), script    # no run-time copy of the weight
     widths = [int(lp.extent) for lp in _loops(func) if lp.kind == tirx.ForKind.VECTORIZED]
@@ -938,3 +944,14 @@ def test_a_kernel_reading_megabytes_goes_parallel_at_few_iterations(target: tvm.
     parallel = {gv.name_hint: any(f.kind == tirx.ForKind.PARALLEL for f in _loops(func))
                 for gv, func in sched.functions_items()}
     assert parallel == {"big": True, "small": False}, parallel
+
+
+def test_a_packed_weight_panel_is_a_cache_line_of_columns() -> None:
+    """A tile wider than a cache line reads one line a step from each of its panels (several streams when the
+    weight comes from L3 or DRAM); a tile of a line or less is one panel (AVX2's 16 columns, odd tiles)."""
+    from fuseguard.compiler.schedule.cpu_matmul import PANEL_BYTES, panel_width
+
+    assert PANEL_BYTES == 64
+    assert panel_width(32) == 16 and panel_width(64) == 16
+    assert panel_width(16) == 16 and panel_width(8) == 8 and panel_width(24) == 24
+    assert panel_width(32, bits=16) == 32      # a line of fp16 columns
