@@ -55,7 +55,7 @@ class CpuScheduleOptions:
     """Switches for each optimisation (all numerically exact except ``fast_math``)."""
 
     matmul: bool = True
-    pack_weights: bool = True  # constant matmul B operands re-laid out as [N/nr, K, nr] panels
+    pack_weights: bool = True  # constant matmul B operands re-laid out as [N/w, K, w] panels (w: a cache line)
     # A constant B whose columns no full vector divides (344, 1000) zero-padded to whole tiles at compile
     # time rather than tiled at 8 columns or fewer (cpu_matmul.widen_param).
     pad_weight_columns: bool = True

@@ -4,8 +4,9 @@ Why this shape: the untuned legalised matmul is a scalar triple loop (~290x slow
 The micro-kernel keeps an ``mr x nr`` accumulator tile in vector registers (``nr`` a multiple of the
 SIMD width, ``mr * nr / lanes`` accumulators leaving registers for the B row and A broadcasts),
 streams K, and computes the fused epilogue (bias, GELU, residual) on the tile while it is hot.
-Constant weights may be pre-packed into ``[N / nr, K, nr]`` panels so the inner loop reads B
-contiguously; the packing is a pure permutation, so results are bit-identical.
+Constant weights may be pre-packed into ``[N / w, K, w]`` panels, ``w`` a cache line of columns (or ``nr``
+where that is less: :func:`panel_width`), so each panel the tile spans is read as one sequential stream;
+the packing is a pure permutation, so results are bit-identical.
 """
 
 from __future__ import annotations
