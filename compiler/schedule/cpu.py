@@ -29,7 +29,7 @@ from .cpu_conv_blocked import match_blocked_conv, schedule_blocked_conv
 from .cpu_depthwise import match_depthwise, schedule_depthwise
 from .cpu_elementwise import (schedule_generic_reduction, schedule_injective, schedule_row_reduction,
                               multiply_by_row_reciprocal, schedule_vector_row_reduction, tree_lane_combines)
-from .cpu_matmul import (choose_tiles, clamp_padded_rows, match_matmul, merge_rows, panel_width, round_up,
+from .cpu_matmul import (b_panel_width, choose_tiles, clamp_padded_rows, match_matmul, merge_rows, round_up,
                          rows_padded, schedule_matmul, widen_param)
 from .cpu_matmul_int8 import K_STEP, choose_int8_tiles, match_int8_matmul, schedule_matmul_int8
 from .packing import PackPlan
@@ -407,12 +407,12 @@ def _try_matmul(
             func = widen_param(func, info.b_buffer, j_dim, extent)
             widened = PackPlan(param, j_dim, pad_to=extent)
             if opts.pack_weights:
-                pack = PackPlan(param, j_dim, panel_width(tiles.nr), pad_to=extent)
+                pack = PackPlan(param, j_dim, b_panel_width(info, tiles.nr), pad_to=extent)
     if widened is None and opts.pack_weights:
         nr = choose_tiles(info, host).nr
         pack = _pack_plan(func, info.b_buffer, j_dim, nr, info.n, host, sites)
         if pack is not None:
-            pack = replace(pack, nr=panel_width(nr))     # as schedule_matmul packs it
+            pack = replace(pack, nr=b_panel_width(info, nr))     # as schedule_matmul packs it
     for attempt_pack in ((True, False) if pack else (False,)):
         sch = s_tir.Schedule(func)
         info = next(i for i in (match_matmul(sch, b) for b in root_blocks(sch)) if i is not None)

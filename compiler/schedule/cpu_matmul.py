@@ -185,6 +185,11 @@ def panel_width(nr: int, bits: int = 32) -> int:
     return line if nr > line and nr % line == 0 else nr
 
 
+def b_panel_width(info: MatmulInfo, nr: int) -> int:
+    """:func:`panel_width` for the matmul's B operand at its element width."""
+    return panel_width(nr, tvm.DataType(str(info.b_buffer.dtype)).bits)
+
+
 def choose_tiles(info: MatmulInfo, host: HostCPU, *, pad_columns: bool = False) -> MatmulTiles:
     """Register tile from the vector ISA: accumulators use about half the registers.
 
@@ -273,7 +278,7 @@ def schedule_matmul(
     sch.reorder(*batch, jo, io, lk, ii, ji)
     k_loop = lk
     sch.reverse_compute_at(tile_out, io, preserve_unit_loops=True)
-    panel = panel_width(nr) if pack_b else nr
+    panel = b_panel_width(info, nr) if pack_b else nr
     if pack_b:
         pack_param_layout(sch, mm, info.b_buffer, info.b_indices.index(info.j_iter), panel)
     # Loop annotations go on before decompose_reduction: the update block alone is no longer a
