@@ -114,8 +114,8 @@ def intermediate_traffic_cost(match: Match, hw: Hardware) -> CostEstimate:
         nbytes = tensor_bytes(var)
         readers = max(1, len([u for u in match.var_usages.get(var, [])]))
         saved += nbytes * (1 + readers)
-        serial_gbs = serial_read_gbs(match, var, nbytes, hw)
-        us += traffic_us(nbytes, 1 + readers, hw) if serial_gbs is None else nbytes * (1 + readers) / (serial_gbs * 1e3)
+        gbs = serial_read_gbs(match, var, nbytes, hw) or bandwidth_gbs(nbytes, hw)
+        us += nbytes * (1 + readers) / (gbs * 1e3)
     launches = max(0, len(match.ops) - 1)
     return CostEstimate(bytes_saved=saved, launches_saved=launches, predicted_us=us + launches * hw.launch_overhead_us)
 
