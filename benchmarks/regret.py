@@ -18,8 +18,8 @@ time. Regret covers the groups the model chose to fuse; a match it refused is no
 database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the
 model with each losing group split back and times it against the fused build, interleaved
 (`verify.tune.confirm_splits`): "confirmed regret" counts a loss only where the split whole model ran faster
-with its 95% interval below 1 (MobileNet-V2's two losing groups lose to their cold output storage, which
-splitting does not change).
+with its 95% interval below 1. Groups whose in-model times the two builds' memory plans set (one side's inputs or
+output out of the caches, the other's not: `verify.profile.plan_bound`) are read from replays.
 """
 
 from __future__ import annotations

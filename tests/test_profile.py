@@ -16,6 +16,27 @@ def _site(kernel: str, nodes: list[str], us: float) -> SiteTime:
     return SiteTime(kernel=kernel, pattern="generic", nodes=nodes, us=us, bytes=0, flops=0)
 
 
+def _ln_model(tmp_path: Path) -> Path:
+    """Add + LayerNorm + Relu on 1 x 17 x 192 (ViT-tiny's LayerNorm), saved as ONNX."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 17, 192)).astype(np.float32), "r"),
+             numpy_helper.from_array(np.ones(192, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(192, np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "r"], ["s"]),
+         helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-6),
+         helper.make_node("Relu", ["y"], ["z"])],
+        "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 17, 192])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 17, 192])], inits)
+    path = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def test_parts_are_the_unfused_kernels_of_the_same_nodes() -> None:
     fused = [_site("f_matmul_add_relu", ["mm", "add", "relu"], 10.0), _site("f_softmax", ["sm"], 3.0)]
     unfused = [_site("matmul", ["mm"], 8.0), _site("add", ["add"], 2.0), _site("relu", ["relu"], 2.0),
@@ -182,27 +203,76 @@ def test_a_group_reads_replays_only_when_all_its_kernels_have_one() -> None:
     assert (mm.timing, mm.fused_us, mm.parts_us) == ("model run", 30.0, 29.0)
 
 
+def test_a_page_is_cold_once_more_distinct_bytes_than_the_caches_hold_were_touched_since() -> None:
+    """Four pages of cache: a tensor read again after one 2-page tensor is warm, after an 8-page one cold; a
+    tensor never touched before is cold; a view at an offset shares its storage's pages."""
+    from fuseguard.verify.profile import cold_bytes_per_call
+
+    page, a, b, c = 4096, 0x10000, 0x20000, 0x30000
+    calls = [[(a, 2 * page)], [(b, 2 * page)], [(a, 2 * page)], [(c, 8 * page)], [(a, 2 * page), (b, page)],
+             [(c + 4 * page, page)]]
+    assert cold_bytes_per_call(calls, capacity=4 * page, page=page) == \
+        [[2 * page], [2 * page], [0], [8 * page], [2 * page, page], [0]]
+    assert cold_bytes_per_call(calls, capacity=64 * page, page=page)[2:] == [[0], [8 * page], [0, 0], [0]]
+
+
+def test_a_groups_intermediates_are_not_its_boundary() -> None:
+    """An unfused part's output that a later part reads (an unfused attention's scores) is left out: its being
+    cold is part of what fusing saves, not of where the plans put the group's inputs and output."""
+    from fuseguard.verify.profile import boundary_cold
+
+    x, w, mid, out = (0x1000, 64, 10), (0x2000, 64, 20), (0x3000, 64, 40), (0x4000, 64, 80)
+    assert boundary_cold([[x, w, mid], [mid, out]]) == [30, 80]
+    assert boundary_cold([[x, w, mid], [x, out]]) == [70, 90]     # mid read by no later part: it crosses
+    assert boundary_cold([[], [x, out]]) == [0, 90]                # a part that became a view
+
+
+def test_a_group_the_memory_plans_leave_cold_apart_is_replayed() -> None:
+    """MobileNet-V2 (SPR class): a depthwise group whose fused kernel wrote 1.8 MB into a storage first touched
+    at its call read 40 us slower than its parts; where the parts had the cold storage, 70-105 us faster than
+    predicted. Such a group is replayed (both sides hot) and marked; equal cold bytes leave it in the model run."""
+    from fuseguard.verify.profile import HOOK_ERROR_US, RESOLUTION, plan_bound, replay_wanted
+
+    long_us = 10 * HOOK_ERROR_US / RESOLUTION
+    fused = [_site("f_dw", ["dw", "add", "clip"], long_us), _site("f_pw", ["pw", "add2"], long_us)]
+    unfused = [_site("dw", ["dw"], long_us), _site("add", ["add"], 20.0), _site("clip", ["clip"], 20.0),
+               _site("pw", ["pw"], long_us), _site("add2", ["add2"], 20.0)]
+    fused[0].cold_bytes = fused[1].cold_bytes = unfused[3].cold_bytes = 1_800_000
+    assert replay_wanted(fused, unfused) == ({0}, {0, 1, 2})
+    dw, pw = group_parts(fused, unfused)
+    assert dw.plan_bound and not pw.plan_bound and (dw.cold_fused, dw.cold_parts) == (1_800_000, 0)
+    assert not plan_bound(4096, 0, long_us)         # a page's difference is inside the resolution
+
+
+def test_a_trace_finds_cold_memory_only_beyond_the_caches(tmp_path: Path) -> None:
+    """The trace of a small model: with caches larger than all it touches, nothing is cold in the second run but
+    the model's output (the VM allocates it afresh each run, at a new address);
+    with a one-page cache, the calls find what earlier calls touched cold; one entry a call site either way."""
+    import numpy as np
+
+    from fuseguard.compiler.pipeline import compile_model
+    from fuseguard.verify.core import load_with_inputs
+    from fuseguard.verify.profile import TRACE_PAGE, trace_cold_bytes
+
+    path = _ln_model(tmp_path)
+    loaded, inputs = load_with_inputs(str(path), None)
+    compiled = compile_model(loaded)
+    big = trace_cold_bytes(compiled, inputs, capacity=1 << 30)
+    small = trace_cold_bytes(compiled, inputs, capacity=TRACE_PAGE)
+    assert len(big) == len(small) == len(compiled.report.call_sites)
+    called = [args for args in big if args]
+    assert called and all(c == 0 for args in called[:-1] for _, _, c in args)
+    assert all(c == 0 for _, _, c in called[-1][:-1])
+    assert sum(c > 0 for args in small for _, _, c in args) >= len(called)
+    assert all(n > 0 for args in called for _, n, _ in args) and np.all([a > 0 for args in called for a, _, _ in args])
+
+
 def test_a_small_layernorm_group_is_resolved_by_replay(tmp_path: Path) -> None:
     """Add + LayerNorm + Relu on 17 x 192 (ViT-tiny's LayerNorm): each kernel runs for a microsecond or less,
     the hook's own error. From the model run the Relu read 0 us (under the hook's subtracted cost) and the
     LayerNorm 1.9 us; replayed, 0.08 and 0.85 us. In ViT-tiny the model run read such a fused kernel 1.12 us
     against 0.09 us for its parts (12x)."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((1, 17, 192)).astype(np.float32), "r"),
-             numpy_helper.from_array(np.ones(192, np.float32), "g"),
-             numpy_helper.from_array(np.zeros(192, np.float32), "b")]
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "r"], ["s"]),
-         helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-6),
-         helper.make_node("Relu", ["y"], ["z"])],
-        "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 17, 192])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 17, 192])], inits)
-    path = tmp_path / "ln.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    path = _ln_model(tmp_path)
     result = profile_model(str(path), repeats=5, threads=2)
     (ln,) = [g for g in result.groups if g.pattern == "layernorm"]
     assert ln.timing == "replay" and ln.parts >= 2

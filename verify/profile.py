@@ -16,6 +16,15 @@ not fit every kernel. A group whose kernels' summed hook error (`HOOK_ERROR_US` 
 alone on its own arguments, in TVM's C++ timing loop (`time_evaluator`), at the point of the model run where
 it is called. Only `call_tir` sites are replayed (a kernel that updates its input in place would change it
 on every loop; fuseguard's pipeline makes none).
+
+A group is also replayed where the two builds' memory plans, not the fusion, set its in-model time: where the
+fused kernel and its parts write (or read) different amounts of memory whose last touch lies further back than
+the cores' L2s hold (`trace_cold_bytes`: pages first touched in this run, or touched last before more distinct
+bytes than those caches hold). Such a write pays a read for ownership from memory in whichever kernel the plan
+gives that storage; splitting the group back moves it, it does not remove it (MobileNet-V2, SPR class: two
+depthwise groups read 40 and 15 us slower than their parts with 1.6-1.8 MB more cold output, and 70-105 us
+faster where the parts had it; replayed, 40-50 us faster, as predicted, and `regret.py --confirm` finds the
+whole model no faster split).
 """
 
 from __future__ import annotations
@@ -43,7 +52,14 @@ HOOK_ERROR_US = 1.0
 RESOLUTION = 0.05
 #: Replay: each repeat loops the kernel for at least this long; the median of the repeats is taken.
 REPLAY_MIN_MS = 1
+#: ... and for at least this many calls: a repeat of 1 ms held one or two calls of ResNet-18's ~750 us convs, and
+#: the saving of its plan-bound conv groups (two sides replayed apart, not paired by round) read 3-40 us over
+#: nine profiles where the estimate says 54 (SPR class).
+REPLAY_MIN_CALLS = 20
 REPLAY_REPEATS = 5
+#: Memory a trace counts in: a page is cold when more distinct bytes than the cores' L2s hold were touched since
+#: its last touch. Pages, not tensors: a memory plan's tensors share storages at different offsets.
+TRACE_PAGE = 4096
 #: The VM's own cost of one kernel call (dispatch, its output's allocation, the packed call), which neither the
 #: hook (its subtracted cost includes a call) nor replay (a C++ loop) sees, and which a fused group saves once
 #: for every kernel it removes: measured in each profile run as a chain of this many trivial kernels against
@@ -63,6 +79,9 @@ class SiteTime:
     key: str = ""
     predicted_us: float = 0.0
     replay_us: float | None = None      # the kernel alone on its own arguments, looped (None: not replayed)
+    #: bytes of its arguments a model run finds out of the cores' L2s at this call (`trace_cold_bytes`; for an
+    #: unfused kernel, of those crossing its group's boundary, `boundary_cold`)
+    cold_bytes: int = 0
     #: per timed round, hook cost subtracted (rounds of the fused and unfused builds alternate, so round i of
     #: one build pairs with round i of the other)
     samples: list[float] = field(default_factory=list)
@@ -89,6 +108,11 @@ class GroupProfile:
     saving_ci: tuple[float, float] | None = None
     #: the saving (parts - fused) in each paired round of a model-run reading, the calls included (empty: replayed)
     rounds: list[float] = field(default_factory=list)
+    #: bytes out of the cores' L2s at the fused kernel's call and, summed, at its parts' (`trace_cold_bytes`)
+    cold_fused: int = 0
+    cold_parts: int = 0
+    #: whether those differ by enough to set its in-model reading (`plan_bound`): then it was read from replays
+    plan_bound: bool = False
 
     @property
     def saving_us(self) -> float:
@@ -101,6 +125,7 @@ class GroupProfile:
 
     def gflops(self) -> float:
         return self.flops / (self.fused_us * 1e3) if self.fused_us > 0 else 0.0
+
 
 
 @dataclass
@@ -151,7 +176,8 @@ class ProfileResult:
         table = Table(title=f"fuseguard profile: {self.model} ({self.cpu}, {self.threads} threads, median of "
                             f"{self.repeats}; numpy BLAS sgemm {self.peak_gflops:.0f} GFLOP/s in this run; hook "
                             f"{self.overhead_us:.1f} us/call subtracted, the VM's {self.call_us:.2f} us a call "
-                            f"added; r: replayed, the group's kernels looped alone)")
+                            f"added; r: replayed, the group's kernels looped alone; c: replayed, the two memory "
+                            f"plans leaving different amounts of its memory cold)")
         for col, justify in (("kernel", "left"), ("pattern", "left"), ("ONNX nodes", "left"),
                              ("fused us", "right"), ("unfused parts us", "right"), ("parts / fused", "right"),
                              ("MB moved", "right"), ("GFLOP/s", "right"), ("% of sgemm", "right"), ("why", "left")):
@@ -163,7 +189,7 @@ class ProfileResult:
             ratio = f"{g.speedup:.2f}x" if g.parts else "-"
             if g.parts and g.speedup < 0.95:
                 ratio = f"[red]{ratio}[/]"
-            mark = " r" if g.timing == "replay" else ""
+            mark = (" c" if g.plan_bound else " r") if g.timing == "replay" else ""
             table.add_row(g.kernel[:48], g.pattern, nodes, f"{g.fused_us:.1f}{mark}",
                           f"{g.parts_us:.1f}{mark}" if g.parts else "-", ratio, f"{g.bytes / 1e6:.2f}",
                           f"{gf:.1f}" if g.flops else "-",
@@ -316,10 +342,12 @@ def kernel_library(executable: Any) -> Any:
 
 
 def replay_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], wanted: set[int], *,
-                      min_repeat_ms: int = REPLAY_MIN_MS, repeats: int = REPLAY_REPEATS) -> dict[int, float]:
+                      min_repeat_ms: int = REPLAY_MIN_MS, repeats: int = REPLAY_REPEATS,
+                      model_us: Mapping[int, float] | None = None) -> dict[int, float]:
     """Microseconds per call of each wanted call site, replayed: one model run whose instrument hook, before
     each wanted kernel, loops that kernel on the very arguments the VM passes it (TVM's `time_evaluator`: a
-    C++ loop of at least `min_repeat_ms` a repeat, the median of `repeats`). Caches are as the loop leaves
+    C++ loop of at least `min_repeat_ms` a repeat, and of `REPLAY_MIN_CALLS` calls at the site's model-run time
+    in `model_us`; the median of `repeats`). Caches are as the loop leaves
     them (hot); a kernel that cannot be replayed (not in the library, an error) is left out, and its group is
     read from the model run."""
     import tvm
@@ -332,7 +360,7 @@ def replay_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], wanted: s
     vm = compiled.vm()
     run = compiled.time_fn(inputs)
     out: dict[int, float] = {}
-    evaluators: dict[str, Any] = {}
+    evaluators: dict[tuple[str, int], Any] = {}
     pos = [0]
 
     def hook(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
@@ -346,10 +374,11 @@ def replay_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], wanted: s
         pos[0] = j + 1
         if j in wanted and j not in out:
             try:
-                if symbol not in evaluators:
-                    evaluators[symbol] = lib.time_evaluator(symbol, dev, number=1, repeat=repeats,
-                                                            min_repeat_ms=min_repeat_ms)
-                out[j] = float(np.median(evaluators[symbol](*args).results)) * 1e6
+                ms = max(min_repeat_ms, math.ceil(REPLAY_MIN_CALLS * (model_us or {}).get(j, 0.0) / 1e3))
+                if (symbol, ms) not in evaluators:
+                    evaluators[symbol, ms] = lib.time_evaluator(symbol, dev, number=1, repeat=repeats,
+                                                                min_repeat_ms=ms)
+                out[j] = float(np.median(evaluators[symbol, ms](*args).results)) * 1e6
             except Exception as exc:    # noqa: BLE001 - TVM raises its own error types; the model run's time stays
                 _log.debug("replay of %s failed: %s", symbol, exc)
         return 0
@@ -360,6 +389,106 @@ def replay_call_sites(compiled: Any, inputs: Mapping[str, np.ndarray], wanted: s
     finally:
         vm.set_instrument(None)
     return out
+
+
+def cold_bytes_per_call(calls: Sequence[Sequence[tuple[int, int]]], capacity: int,
+                        page: int = TRACE_PAGE) -> list[list[int]]:
+    """For each call (its arguments as (address, bytes) ranges, in execution order), for each argument: the bytes
+    of its pages that are cold there, never touched before or touched last before more than `capacity` distinct
+    bytes of other pages (an LRU cache of that size no longer holds them)."""
+    ranges = [[np.arange(a // page, (a + max(n, 1) + page - 1) // page) for a, n in call] for call in calls]
+    flat = [r for call in ranges for r in call]
+    if not flat:
+        return [[] for _ in calls]
+    pages = np.unique(np.concatenate(flat))
+    ids = [[np.searchsorted(pages, r) for r in call] for call in ranges]
+    touched = [np.unique(np.concatenate(call)) if call else np.array([], dtype=np.int64) for call in ids]
+    last = np.full(len(pages), -1)
+    limit = capacity // page
+    out = []
+    for k, call in enumerate(ids):
+        per_arg = []
+        for arg in call:
+            before, cold = last[arg], 0
+            for when in np.unique(before):
+                if when >= 0:       # distinct pages touched since, counted back until they exceed the caches
+                    seen, distinct, j = np.zeros(len(pages), dtype=bool), 0, k - 1
+                    while j > when and distinct <= limit:
+                        fresh = touched[j][~seen[touched[j]]]
+                        distinct += len(fresh)
+                        seen[fresh] = True
+                        j -= 1
+                    if distinct <= limit:
+                        continue
+                cold += int((before == when).sum()) * page
+            per_arg.append(cold)
+        last[touched[k]] = k
+        out.append(per_arg)
+    return out
+
+
+#: One traced argument of a kernel call: (address, bytes, bytes cold at the call)
+TracedArg = tuple[int, int, int]
+
+
+def trace_cold_bytes(compiled: Any, inputs: Mapping[str, np.ndarray], capacity: int) -> list[list[TracedArg]]:
+    """Per call site of `compiled`, its kernel's arguments (outputs last, as the VM passes them) with the bytes of
+    each out of a `capacity`-byte cache at the call, in a model run that follows another (`cold_bytes_per_call`
+    on the addresses the VM passes; none for a site with no call). A storage the plan first writes at a call,
+    last touched near the end of the previous run, is cold there; one that a tensor freed just before is warm."""
+    import tvm
+
+    vm = compiled.vm()
+    run = compiled.time_fn(inputs)
+    calls: list[tuple[str, list[tuple[int, int]]]] = []
+
+    def hook(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
+        if before and not symbol.startswith(("vm.builtin", "shape_func")):
+            spans = []
+            for a in args:
+                if hasattr(a, "data_ptr") and hasattr(a, "dtype"):
+                    numel = int(np.prod(a.shape)) if len(a.shape) else 1
+                    spans.append((int(a.data_ptr()), (numel * a.dtype.bits * a.dtype.lanes + 7) // 8))
+            calls.append((symbol, spans))
+        return 0
+
+    vm.set_instrument(tvm.runtime.convert(hook) if hasattr(tvm.runtime, "convert") else hook)
+    try:
+        run()
+        first = len(calls)
+        run()
+    finally:
+        vm.set_instrument(None)
+    cold = cold_bytes_per_call([spans for _, spans in calls], capacity)[first:]
+    out: list[list[TracedArg]] = []
+    j = 0
+    for site in compiled.report.call_sites:       # sites with no call became views
+        if j < len(cold) and calls[first + j][0] == site["kernel"]:
+            out.append([(a, n, c) for (a, n), c in zip(calls[first + j][1], cold[j])])
+            j += 1
+        else:
+            out.append([])
+    return out
+
+
+def boundary_cold(parts: Sequence[Sequence[TracedArg]]) -> list[int]:
+    """Per part of a group (its traced arguments, in execution order, outputs last): the cold bytes of those
+    arguments that cross the group's boundary. A part's output that a later part reads is an intermediate the
+    fused kernel does not have: whether it is cold (an unfused attention's scores, larger than any cache) is
+    part of what fusing saves, not of where the plans put the group's inputs and output."""
+    inner = {(a, n) for k, args in enumerate(parts) if args for a, n, _ in args[-1:]
+             if any((a, n) == (b, m) for later in parts[k + 1:] for b, m, _ in later)}
+    return [sum(c for a, n, c in args if (a, n) not in inner) for args in parts]
+
+
+def plan_bound(cold_fused: int, cold_parts: int, shorter_us: float, *, gbs: float | None = None,
+               resolution: float = RESOLUTION) -> bool:
+    """Whether a group's in-model reading is set by the memory plans: its fused kernel and its parts find
+    amounts of memory cold that differ, at memory's rate (`hardware.CPU_DRAM_GBS`; MobileNet-V2's cold 1.8 MB
+    output cost its depthwise kernel ~80 us, 23 GB/s), by more than `resolution` of the shorter side's time."""
+    from fuseguard.compiler.hardware import CPU_DRAM_GBS
+
+    return abs(cold_fused - cold_parts) / ((gbs or CPU_DRAM_GBS) * 1e3) > resolution * shorter_us
 
 
 def _sites(compiled: Any, times: Sequence[float], samples: Sequence[Sequence[float]]) -> list[SiteTime]:
@@ -428,7 +557,8 @@ def assign_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime]) -> list
 def replay_wanted(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], *, hook_error_us: float = HOOK_ERROR_US,
                   resolution: float = RESOLUTION) -> tuple[set[int], set[int]]:
     """Sites to replay (fused, unfused): every kernel of a group whose calls' hook error (`hook_error_us` each)
-    is more than `resolution` of the shorter side's time (fused kernel or summed parts)."""
+    is more than `resolution` of the shorter side's time (fused kernel or summed parts), or whose in-model times
+    the memory plans set (`plan_bound`)."""
     owners = assign_parts(fused, unfused)
     members: dict[int, list[int]] = {}
     for j, i in enumerate(owners):
@@ -441,7 +571,8 @@ def replay_wanted(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], *, hoo
         if not parts:
             continue
         shorter = min(f.us, sum(unfused[j].us for j in parts))
-        if (1 + len(parts)) * hook_error_us > resolution * shorter:
+        if (1 + len(parts)) * hook_error_us > resolution * shorter \
+                or plan_bound(f.cold_bytes, sum(unfused[j].cold_bytes for j in parts), shorter, resolution=resolution):
             want_f.add(i)
             want_u.update(parts)
     return want_f, want_u
@@ -465,11 +596,15 @@ def group_parts(fused: Sequence[SiteTime], unfused: Sequence[SiteTime], call_us:
         parts_us = sum((p.replay_us if replayed else p.us) or 0.0 for p in mine)
         calls_us = call_us * is_call(f), call_us * sum(map(is_call, mine))      # fused, parts
         rounds = [] if replayed or not mine else saving_rounds(f, mine, offset_us=calls_us[1] - calls_us[0])
+        cold_parts = sum(p.cold_bytes for p in mine)
         groups.append(GroupProfile(kernel=f.kernel, pattern=f.pattern, nodes=f.nodes, fused_us=fused_us + calls_us[0],
                                    parts_us=parts_us + calls_us[1], parts=len(mine), bytes=f.bytes, flops=f.flops,
                                    reason=f.reason, key=f.key, predicted_us=f.predicted_us,
                                    timing="replay" if replayed else "model run", saving_ci=saving_interval(rounds),
-                                   rounds=[round(x, 3) for x in rounds]))
+                                   rounds=[round(x, 3) for x in rounds], cold_fused=f.cold_bytes,
+                                   cold_parts=cold_parts,
+                                   plan_bound=bool(mine) and plan_bound(f.cold_bytes, cold_parts,
+                                                                        min(f.us, sum(p.us for p in mine)))))
     return groups
 
 
@@ -500,7 +635,8 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                   threads: int | None = None, repeats: int = 20, seed: int = 0,
                   name: str | None = None, replay: bool = True) -> ProfileResult:
     """Build fused and unfused, time every kernel of both on the same inputs, pair them by ONNX node; groups
-    too short for the hook's resolution are read from replays (`replay=False`: none)."""
+    too short for the hook's resolution, or whose in-model times the memory plans set, are read from replays
+    (`replay=False`: none)."""
     from fuseguard.compiler.cache import compile_cached
     from fuseguard.compiler.pipeline import CompileOptions
     from fuseguard.compiler.target import host_cores
@@ -518,9 +654,21 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                            peak_gflops=0.0, overhead_us=overhead,
                            fused=_sites(fused, fused_t, fused_s), unfused=_sites(unfused, unfused_t, unfused_s))
     if replay:
+        from fuseguard.compiler.hardware import host_cpu
+
+        hw = host_cpu()
+        capacity = hw.l2_bytes * max(1, hw.cores)
+        traced_f, traced_u = (trace_cold_bytes(build, inputs, capacity) for build in (fused, unfused))
+        for site, args in zip(result.fused, traced_f):
+            site.cold_bytes = sum(c for _, _, c in args)
+        owners = assign_parts(result.fused, result.unfused)
+        for i in set(owners) - {None}:
+            mine = [j for j, owner in enumerate(owners) if owner == i]
+            for j, cold in zip(mine, boundary_cold([traced_u[j] for j in mine])):
+                result.unfused[j].cold_bytes = cold
         wanted = replay_wanted(result.fused, result.unfused)
         for build, sites, want in zip((fused, unfused), (result.fused, result.unfused), wanted):
-            for j, us in replay_call_sites(build, inputs, want).items():
+            for j, us in replay_call_sites(build, inputs, want, model_us={j: sites[j].us for j in want}).items():
                 sites[j].replay_us = us
     # Last: the BLAS pool spins on after its sgemm and took a core from TVM's pool (a replay read 4 ms, a
     # scheduler quantum, for a 4 us kernel when it came after this).
