@@ -242,6 +242,7 @@ def test_a_group_the_memory_plans_leave_cold_apart_is_replayed() -> None:
     dw, pw = group_parts(fused, unfused)
     assert dw.plan_bound and not pw.plan_bound and (dw.cold_fused, dw.cold_parts) == (1_800_000, 0)
     assert not plan_bound(4096, 0, long_us)         # a page's difference is inside the resolution
+    assert not plan_bound(800_000, 0, 750.0)        # 40 us of a 750 us conv: the paired model run reads it better
 
 
 def test_a_trace_finds_cold_memory_only_beyond_the_caches(tmp_path: Path) -> None:
