@@ -261,6 +261,26 @@ def test_interleaving_alternates_direction_each_round(monkeypatch: pytest.Monkey
     assert "".join(order) == "abbaabba"
 
 
+def test_contenders_are_timed_from_a_thread_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the main thread (its stack at a random offset within a page), 2-3 of 60 fresh processes ran two of
+    SqueezeNet's TVM convs 3x slower; from a thread, none (`timing.TIME_ON_OWN_THREAD`). One thread for every
+    call of a process (TVM starts a thread pool a calling thread); switched off, the caller's thread."""
+    import threading
+
+    monkeypatch.setattr(timing, "_preemptions", None)
+    seen: list[int] = []
+    fns = {"a": lambda: seen.append(threading.get_ident())}
+    measure_interleaved(fns, warmup=0, repeats=2, min_time_s=0.0)
+    measure_interleaved(fns, warmup=0, repeats=2, min_time_s=0.0)
+    assert len(set(seen)) == 1 and seen[0] != threading.main_thread().ident
+    with pytest.raises(UsageError, match="min_sampled_s"):      # errors reach the caller
+        measure_interleaved(fns, repeats=3, min_sampled_s=-1.0)
+    monkeypatch.setattr(timing, "TIME_ON_OWN_THREAD", False)
+    seen.clear()
+    measure_interleaved(fns, warmup=0, repeats=2, min_time_s=0.0)
+    assert set(seen) == {threading.get_ident()}
+
+
 def test_sampling_budget_adds_rounds_until_every_contender_ran_that_long(monkeypatch: pytest.MonkeyPatch) -> None:
     """``min_sampled_s``: a fast contender gets rounds beyond ``repeats`` until its samples add up to the budget
     (the slower one gets as many rounds: interleaved); the rounds stop at ``BUDGET_MAX_ROUNDS``; 0 keeps

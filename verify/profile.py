@@ -655,8 +655,10 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
     threads = threads or host_cores()
     fused = compile_cached(loaded, options)
     unfused = compile_cached(loaded, options.unfused())
-    (fused_t, overhead, fused_s), (unfused_t, _, unfused_s) = time_call_sites([fused, unfused], inputs,
-                                                                             repeats=repeats)
+    from .timing import on_timing_thread
+
+    (fused_t, overhead, fused_s), (unfused_t, _, unfused_s) = on_timing_thread(time_call_sites, [fused, unfused],
+                                                                               inputs, repeats=repeats)
     result = ProfileResult(model=loaded.name, cpu=fused.target.label, threads=threads, repeats=repeats,
                            peak_gflops=0.0, overhead_us=overhead,
                            fused=_sites(fused, fused_t, fused_s), unfused=_sites(unfused, unfused_t, unfused_s))
@@ -675,7 +677,8 @@ def profile_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = N
                 result.unfused[j].cold_bytes = cold
         wanted = replay_wanted(result.fused, result.unfused)
         for build, sites, want in zip((fused, unfused), (result.fused, result.unfused), wanted):
-            for j, us in replay_call_sites(build, inputs, want, model_us={j: sites[j].us for j in want}).items():
+            for j, us in on_timing_thread(replay_call_sites, build, inputs, want,
+                                          model_us={j: sites[j].us for j in want}).items():
                 sites[j].replay_us = us
     # Last: the BLAS pool spins on after its sgemm and took a core from TVM's pool (a replay read 4 ms, a
     # scheduler quantum, for a 4 us kernel when it came after this).

@@ -22,6 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,11 +194,42 @@ BUDGET_MAX_ROUNDS = 200
 SWITCH_PAUSE_S = 1e-3
 
 
-def measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
-                        min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
-                        threads: int | None = None, max_rounds: int | None = None,
-                        settle: bool = False, min_sampled_s: float = 0.0,
-                        switch_pause_s: float = 0.0) -> dict[str, Samples]:
+#: Whether `measure_interleaved` calls the contenders from a thread of its own rather than from the process's main
+#: thread. Measured (SPR class, 2 vCPUs, `fuseguard bench squeezenet --processes 60 --halfwidth 0`, 60 fresh
+#: processes each way): from the main thread 2-3 of 60 processes ran TVM (fused and unfused, not ONNX Runtime)
+#: 1.2-1.3x their median, two of its 3x3 convs 3x slower (293 -> 889 us), and the per-process fused/ORT ratios
+#: spread 4.8-5.6% (sd); with address-space randomisation off (`setarch -R`) none did and they spread 0.9%;
+#: from a thread, randomisation on, none did and they spread 1.1%. A thread's stack starts where mmap put it,
+#: page-aligned; the main thread's starts at a random offset within a page, the one placement ASLR randomises
+#: below a page. mlp_gelu 3.1% -> 2.0%, ResNet-18 0.9% -> 0.8% (30 processes each way). A deployed runtime is
+#: called from a server's worker threads, not its main thread, too.
+TIME_ON_OWN_THREAD = True
+_timing_thread: Any = None
+
+
+def on_timing_thread(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)`` called from the process's timing thread (:data:`TIME_ON_OWN_THREAD`): the same thread
+    for every call, so TVM's thread pool, one a calling thread, is started once; its errors reach the caller."""
+    global _timing_thread
+    if not TIME_ON_OWN_THREAD:
+        return fn(*args, **kw)
+    if _timing_thread is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _timing_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuseguard-timing")
+    return _timing_thread.submit(fn, *args, **kw).result()
+
+
+def measure_interleaved(fns: Mapping[str, Callable[[], object]], **kw: Any) -> dict[str, Samples]:
+    """Time several functions alternately (`_measure_interleaved`), from the timing thread (`on_timing_thread`)."""
+    return on_timing_thread(_measure_interleaved, fns, **kw)
+
+
+def _measure_interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 15,
+                         min_time_s: float = 5e-4, sync: Callable[[], object] | None = None,
+                         threads: int | None = None, max_rounds: int | None = None,
+                         settle: bool = False, min_sampled_s: float = 0.0,
+                         switch_pause_s: float = 0.0) -> dict[str, Samples]:
     """Time several functions alternately, one sample each per round, so drift hits all of them equally.
 
     Rounds alternate direction (A B, B A, A B, ...): plain ABAB would always run B right after A, so
