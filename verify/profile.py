@@ -23,8 +23,8 @@ the cores' L2s hold (`trace_cold_bytes`: pages first touched in this run, or tou
 bytes than those caches hold). Such a write pays a read for ownership from memory in whichever kernel the plan
 gives that storage; splitting the group back moves it, it does not remove it (MobileNet-V2, SPR class: two
 depthwise groups read 40 and 15 us slower than their parts with 1.6-1.8 MB more cold output, and 70-105 us
-faster where the parts had it; replayed, 40-50 us faster, as predicted, and `regret.py --confirm` finds the
-whole model no faster split).
+faster where the parts had it; replayed, 31-45 us faster, against 48-54 predicted, and `regret.py --confirm`
+finds the whole model no faster split).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ HOOK_ERROR_US = 1.0
 RESOLUTION = 0.05
 #: Replay: each repeat loops the kernel for at least this long; the median of the repeats is taken.
 REPLAY_MIN_MS = 1
-#: ... and for at least this many calls: a repeat of 1 ms held one or two calls of ResNet-18's ~750 us convs, and
-#: the saving of its plan-bound conv groups (two sides replayed apart, not paired by round) read 3-40 us over
-#: nine profiles where the estimate says 54 (SPR class).
+#: ... and for at least this many calls at the kernel's model-run time: a repeat of 1 ms held one or two calls
+#: of ResNet-18's ~750 us convs, so its median was of single calls. (The two sides of a group are still timed
+#: apart, not paired by round: see `PLAN_BOUND_SHARE`.)
 REPLAY_MIN_CALLS = 20
 REPLAY_REPEATS = 5
 #: Memory a trace counts in: a page is cold when more distinct bytes than the cores' L2s hold were touched since
@@ -125,7 +125,6 @@ class GroupProfile:
 
     def gflops(self) -> float:
         return self.flops / (self.fused_us * 1e3) if self.fused_us > 0 else 0.0
-
 
 
 @dataclass
