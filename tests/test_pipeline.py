@@ -182,6 +182,35 @@ def test_normalising_rewrites_keep_provenance() -> None:
     assert set(provenance_of(calls["relax.multiply"], imported)) == {"cube"}
 
 
+@pytest.mark.parametrize("exponent", [0.5, 0.25, 0.75, 1.5])
+def test_fractional_powers_become_square_roots_and_match_powf(exponent: float) -> None:
+    """x^0.5, x^0.25, x^0.75 and x^1.5 (AlexNet's and GoogLeNet's LRN raise to 0.75) become square roots and
+    multiplies, vector instructions, where powf is a libm call a lane; against ONNX Runtime's powf within a few
+    ulp, NaN where it is NaN (negative bases), +inf at -inf, no overflow where x^0.75 has none."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.pipeline import CompileOptions, compile_model
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(0, 10, 50), rng.uniform(0, 1e-30, 4), [0.0, -0.0, 1.0, 3e38, 1e30, 2.5e-43,
+                                                                          -1.0, -np.inf, np.inf, np.nan]])
+    x = x.astype(np.float32).reshape(1, -1)
+    c = numpy_helper.from_array(np.array(exponent, np.float32), "c")
+    graph = helper.make_graph([helper.make_node("Pow", ["x", "c"], ["y"])], "pow",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))], [c])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = compile_model(load(model, None, name="pow"), options=CompileOptions())
+    kernels = " ".join(s["kernel"] for s in compiled.report.call_sites)
+    assert "power" not in kernels, kernels
+    got = compiled.run({"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=0, equal_nan=True)
+
+
 def _scan_sort_model() -> "onnx.ModelProto":
     """RoBERTa's position ids (CumSum over a padding mask) and a TopK: ops with no LegalizeOps rule."""
     from onnx import TensorProto, helper
