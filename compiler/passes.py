@@ -260,16 +260,13 @@ def NormalizeFlattenedGemm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) ->
 
 @tvm.transform.module_pass(opt_level=0, name="ExpandSmallPowers")
 def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802
-    """power(x, 2) -> x * x and power(x, 3) -> x * (x * x); power(x, 0.5 | 0.25 | 0.75 | 1.5) -> square
-    roots (x^0.75 = sqrt(x) * sqrt(sqrt(x)), which cannot overflow where x^0.75 does not), for float tensors.
+    """power(x, 2) -> x * x and power(x, 3) -> x * (x * x), for float tensors.
 
     LLVM lowers `powf` inside a vectorised loop to one scalar libm call per lane: GPT-2's tanh GELU
     (`0.044715 * x^3`) fused into the MLP matmul's epilogue made that kernel 76 us slower than its
-    unfused parts (benchmarks/regret.py, Zen4), and AlexNet's two LRNs (`(bias + alpha / size * sum x^2) ^
-    0.75`, 280k and 180k values) took 0.9-1.0 ms unfused and 1.1-1.5 ms fused (`fuseguard profile`, SPR class).
-    Multiplies and square roots are vector instructions, each correctly rounded (within ~2 ulp of powf
-    together); the patterns accept both spellings. powf(-inf, y) is +inf for these y where a square root gives
-    NaN: kept with a select; powf(-0, 0.5) is +0, sqrt -0 (equal).
+    unfused parts (benchmarks/regret.py, Zen4). Two multiplies are vector instructions and exact to
+    within an ulp of powf; the patterns accept both spellings. (x^0.5, 0.25, 0.75, 1.5 become square roots
+    inside their own kernel: `legalize_fixes`, no intermediate tensors for an unfused build to plan.)
     """
     from tvm.relax.dpl import is_const, is_op, wildcard
 
@@ -281,17 +278,10 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
         if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith("float"):
             return None
         exponent = np.asarray(_np(m[c]))
-        e = float(exponent.reshape(())) if exponent.size == 1 else None
-        if e in (2.0, 3.0):
-            square = relax.op.multiply(m[x], m[x])
-            return square if e == 2.0 else relax.op.multiply(m[x], square)
-        if e not in (0.5, 0.25, 0.75, 1.5):
+        if exponent.size != 1 or float(exponent.reshape(())) not in (2.0, 3.0):
             return None
-        root = relax.op.sqrt(m[x])
-        out = {0.5: root, 0.25: relax.op.sqrt(root), 0.75: relax.op.multiply(root, relax.op.sqrt(root)),
-               1.5: relax.op.multiply(m[x], root)}[e]
-        inf = relax.const(np.inf, str(ty.dtype))
-        return relax.op.where(relax.op.equal(m[x], relax.const(-np.inf, str(ty.dtype))), inf, out)
+        square = relax.op.multiply(m[x], m[x])
+        return square if float(exponent.reshape(())) == 2.0 else relax.op.multiply(m[x], square)
 
     return recognize(mod, pattern, rewrite, "Pow")[0]
 

@@ -7,7 +7,7 @@
     1  FoldConstantMoves, FoldConstant   reshapes/transposes of weights in numpy, then materialise weights built
                                     by ConstantOfShape/Expand/...
        NormalizeFlattenedGemm       reshape(Gemm(reshape(x))) -> MatMul (+bias) (GPT-2's Conv1D, ORT folds)
-       ExpandSmallPowers            x^2, x^3, x^0.5, x^0.75 ... -> multiplies, square roots (powf does not vectorise)
+       ExpandSmallPowers            x^2, x^3 -> multiplies (powf does not vectorise)
        MaskedFillAsAdd              softmax(where(c, x, lowest)) -> softmax(x + mask): an attention pattern's mask
        FoldReshapedAdd              reshape(reshape(x) + c) -> x + c' (Swin's shifted-window mask)
        UnflattenScores              [B*H, S, S] scores split to [B, H, S, S] before their matmul, not after (BLOOM)
