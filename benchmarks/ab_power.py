@@ -6,8 +6,8 @@ takes many minutes of real timing and depends on the host's noise.
 Workload: a stack of N identical Gemm+Relu layers (64 x 512, width 512), compiled by fuseguard. The slowed
 arm is the same stack with 11 layers instead of 10 (+10% work, same inputs and outputs), or 15 (+50%); the
 unchanged arm is a second, separate compile of the 10-layer stack (an A/A trial). Each trial times its two
-builds and ONNX Runtime exactly as `fuseguard gate` does (`verify.ab.time_arms` in fresh processes, half
-of them loading the candidate first, more processes while unclear) and takes `verify.ab.decide`'s verdict.
+builds and ONNX Runtime exactly as `fuseguard gate` does (`verify.perf.ab.time_arms` in fresh processes, half
+of them loading the candidate first, more processes while unclear) and takes `verify.perf.ab.decide`'s verdict.
 Trials of all kinds are shuffled so slow phases of the machine are spread over them.
 
     python benchmarks/ab_power.py                 # 40 A/A + 40 at +10% + 10 at +50%, ~15 minutes
@@ -30,12 +30,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuseguard.compiler.onnx_loader import load  # noqa: E402
+from fuseguard.compiler.frontend.loader import load  # noqa: E402
 from fuseguard.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
-from fuseguard.compiler.target import host_cores  # noqa: E402
-from fuseguard.verify.ab import decide  # noqa: E402
-from fuseguard.verify.gate import GatePolicy, Verdict  # noqa: E402
-from fuseguard.verify.timing import timing_env  # noqa: E402
+from fuseguard.compiler.hw.target import host_cores  # noqa: E402
+from fuseguard.verify.perf.ab import decide  # noqa: E402
+from fuseguard.verify.perf.gate import GatePolicy, Verdict  # noqa: E402
+from fuseguard.verify.perf.timing import timing_env  # noqa: E402
 from fuseguard.verify.worker import Worker  # noqa: E402
 
 ROWS, WIDTH = 64, 512
@@ -75,7 +75,7 @@ def trial(directory: Path, threads: int, processes: int, repeats: int, policy: G
     def one() -> dict[str, list[float]]:
         count[0] += 1
         with Worker(env=env, forward_output=False) as w:
-            return w.call("fuseguard.verify.ab:time_arms", what="timing", timeout=600, directory=str(directory),
+            return w.call("fuseguard.verify.perf.ab:time_arms", what="timing", timeout=600, directory=str(directory),
                           threads=threads, repeats=repeats, flip=count[0] % 2 == 0)
 
     runs = [one() for _ in range(processes)]

@@ -10,7 +10,7 @@ same model compiled with `benchmarks/plugins/extra_layer.py`, a compiler change 
 matmul whose result is multiplied by zero (same outputs, +10% time: the true slowdown is measured
 interleaved in the same run and printed). Not an 11-layer model: the stored gate divides by ONNX Runtime
 on the SAME model, so a heavier model is heavier for ORT too and cancels (measured: 1.00x). Each round
-records the baseline with `verify.latency.gate_model(update=True)` (what `fuseguard baseline update`
+records the baseline with `verify.perf.latency.gate_model(update=True)` (what `fuseguard baseline update`
 runs), then checks the unchanged build (A/A: a false alarm if "slower") and the slowed one (+10%: a miss
 unless "slower") in shuffled order, each a fresh `gate_model` call as `fuseguard baseline check` makes it.
 
@@ -38,10 +38,10 @@ from ab_power import stack  # noqa: E402
 
 from fuseguard.compiler.plugins import env_for  # noqa: E402
 from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
-from fuseguard.compiler.target import host_cores  # noqa: E402
-from fuseguard.verify.gate import Gate, GatePolicy  # noqa: E402
-from fuseguard.verify.latency import gate_model  # noqa: E402
-from fuseguard.verify.timing import timing_env  # noqa: E402
+from fuseguard.compiler.hw.target import host_cores  # noqa: E402
+from fuseguard.verify.perf.gate import Gate, GatePolicy  # noqa: E402
+from fuseguard.verify.perf.latency import gate_model  # noqa: E402
+from fuseguard.verify.perf.timing import timing_env  # noqa: E402
 from fuseguard.verify.worker import Worker  # noqa: E402
 
 
@@ -61,10 +61,10 @@ def interleaved_ratio(model: str) -> float:
 
     from fuseguard.compiler import pipeline
     from fuseguard.compiler.cache import compile_cached
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.plugins import load_env_plugins
-    from fuseguard.verify.inputs import make_inputs
-    from fuseguard.verify.timing import measure_interleaved
+    from fuseguard.verify.check.inputs import make_inputs
+    from fuseguard.verify.perf.timing import measure_interleaved
 
     load_env_plugins()
     loaded = load(model, None)

@@ -25,7 +25,7 @@ from tvm import relax  # noqa: E402
 
 from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
 from fuseguard.suites.models import get_model  # noqa: E402
-from fuseguard.verify.bisect import bisect_model  # noqa: E402
+from fuseguard.verify.debug.bisect import bisect_model  # noqa: E402
 
 
 def _cases(schedule: bool) -> dict[str, tuple[dict, str, object]]:

@@ -3,7 +3,7 @@
 Why: a model's time is spread over dozens of convolutions of different shapes; a schedule change is judged
 on the shapes it targets first. Each case is compiled with the default schedules and, with `--off SWITCH`,
 once more with that `CpuScheduleOptions` switch off (`FUSEGUARD_CPU_SCHEDULE_OFF`), and all arms are timed
-interleaved in this one process (`verify.timing.measure_interleaved`, both thread pools not spinning).
+interleaved in this one process (`verify.perf.timing.measure_interleaved`, both thread pools not spinning).
 
     python benchmarks/conv_kernels.py                          # the default shape list
     python benchmarks/conv_kernels.py --off conv_pointwise     # the pointwise kernel against the old one
@@ -30,9 +30,9 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from fuseguard.compiler.onnx_loader import load  # noqa: E402
+from fuseguard.compiler.frontend.loader import load  # noqa: E402
 from fuseguard.compiler.pipeline import CompileOptions, compile_model  # noqa: E402
-from fuseguard.verify.timing import measure_interleaved, ort_timing_options  # noqa: E402
+from fuseguard.verify.perf.timing import measure_interleaved, ort_timing_options  # noqa: E402
 
 DEFAULT_CASES = [
     "64,64,56,3,1", "128,128,56,3,2", "128,128,28,3,1", "256,256,14,3,1",
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=25)
     args = p.parse_args(argv)
     if args.force_blocked:
-        from fuseguard.compiler import layout
+        from fuseguard.compiler.passes import layout
         layout.MIN_MACS_PER_MOVED = 0
     threads = int(os.environ["TVM_NUM_THREADS"])
     print(f"{'case':34s} {'tvm ms':>8s} {'GFLOP/s':>8s} {'ort ms':>8s} {'tvm/ort':>8s}"

@@ -26,7 +26,7 @@ from tvm import relax  # noqa: E402
 
 from fuseguard.compiler.pipeline import CompileOptions, compile_model, compile_relax  # noqa: E402
 from fuseguard.suites.models import get_model  # noqa: E402
-from fuseguard.verify.timing import measure_interleaved  # noqa: E402
+from fuseguard.verify.perf.timing import measure_interleaved  # noqa: E402
 
 
 def composite_groups(model, options: CompileOptions) -> tuple[list[tuple[str, tvm.IRModule]], object]:
@@ -102,8 +102,8 @@ def main() -> None:
                                 options=CompileOptions(**{**options.__dict__,
                                                           "disabled_patterns": frozenset({pattern})}))
             if inputs is None:
-                from fuseguard.verify.inputs import make_inputs
-                from fuseguard.compiler.onnx_loader import load
+                from fuseguard.verify.check.inputs import make_inputs
+                from fuseguard.compiler.frontend.loader import load
 
                 loaded = load(m.make({}, seed=0))
                 inputs = make_inputs(loaded.model, loaded.input_shapes, seed=0)

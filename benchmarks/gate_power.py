@@ -1,4 +1,4 @@
-"""Detection power and false-alarm rate of verify.gate, measured with real timings on this machine.
+"""Detection power and false-alarm rate of verify.perf.gate, measured with real timings on this machine.
 
 Why a script and not a test: it answers "would the gate have caught a 10% regression here, and how
 often does it cry wolf?", which takes minutes of real measurement and depends on the host's noise.
@@ -7,7 +7,7 @@ Workload: an ONNX Runtime session of a small MLP (3 x Gemm+Relu, built with onnx
 per call; a variant "+x%" runs it round(K * (1 + x)) times, so it does exactly x% more work (its true
 slowdown is measured too and printed). The reference is a second, independent ORT session of the same
 model measured interleaved with the candidate in every run, as fuseguard does with ONNX Runtime. A
-baseline of the original is recorded once (through verify.baselines.record), then the gate runs many
+baseline of the original is recorded once (through verify.perf.baselines.record), then the gate runs many
 times per level, in shuffled order so slow phases of the machine are spread over all levels.
 
     python benchmarks/gate_power.py            # full run, a few minutes
@@ -39,9 +39,9 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuseguard.verify.baselines import Entry, Metadata, load_baselines, make_key, record  # noqa: E402
-from fuseguard.verify.gate import Gate, GatePolicy, GateResult, Measurement, Verdict  # noqa: E402
-from fuseguard.verify.timing import measure_interleaved  # noqa: E402
+from fuseguard.verify.perf.baselines import Entry, Metadata, load_baselines, make_key, record  # noqa: E402
+from fuseguard.verify.perf.gate import Gate, GatePolicy, GateResult, Measurement, Verdict  # noqa: E402
+from fuseguard.verify.perf.timing import measure_interleaved  # noqa: E402
 
 LEVELS = (0.05, 0.10, 0.20, 0.50)
 K = 20  # session runs per call of the original: 21, 22, 24, 30 give exactly +5/10/20/50% work
@@ -67,7 +67,7 @@ def mlp_model(seed: int = 0) -> onnx.ModelProto:
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    from fuseguard.verify.timing import ort_timing_options
+    from fuseguard.verify.perf.timing import ort_timing_options
 
     return ort.InferenceSession(model.SerializeToString(), ort_timing_options(THREADS),
                                 providers=["CPUExecutionProvider"])
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                              "same MLP, gated against ORT as the reference as `pytest` does")
     args = parser.parse_args(argv)
     if args.runtime == "tvm":  # before TVM's runtime starts its thread pool
-        from fuseguard.verify.timing import timing_env
+        from fuseguard.verify.perf.timing import timing_env
 
         os.environ.update(timing_env(THREADS))
     with neighbours(args.neighbours, args.seed):
@@ -236,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
     console.print(f"{n_baselines} baselines of {args.baseline_repeats} samples, normalised medians "
                   + ", ".join(f"{v:.4f}" for v in normalised_baselines))
 
-    table = Table(title=f"verify.gate on real timings (factor {gate.default.factor:g}, alpha {gate.default.alpha:g}, "
+    table = Table(title=f"verify.perf.gate on real timings (factor {gate.default.factor:g}, alpha {gate.default.alpha:g}, "
                         f"{args.repeats} samples then adaptive up to {gate.default.max_samples})")
     for col in ("change", "true slowdown", "runs", "slower/same/faster/inconcl.", "flagged slower (95% CI)",
                 "median ratio", "mean n", "preempted", "gate s/model", "stats s/model"):

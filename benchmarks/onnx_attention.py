@@ -1,7 +1,7 @@
 """ONNX's own Attention op (opset 23): fuseguard fused and unfused against ONNX Runtime's Attention kernel.
 
 Why: the op arrives as one node (torch's exporter writes SDPA so at opset 23+); fuseguard imports it
-(compiler/onnx_attention.py) in the form its attention pattern fuses into the tiled kernel. This writes one
+(compiler/frontend/converters/attention.py) in the form its attention pattern fuses into the tiled kernel. This writes one
 model per case (Q/K/V [1, heads, S, 64] as graph inputs) and times them with `fuseguard bench`: exported
 builds in fresh processes, ORT in the same processes, ratios with 95% intervals.
 

@@ -1,4 +1,4 @@
-"""Power and false-alarm rate of the fusion-pays gate (`verify/pays.py`: fused slower than unfused beyond
+"""Power and false-alarm rate of the fusion-pays gate (`verify/perf/pays.py`: fused slower than unfused beyond
 5% fails), on real TVM builds.
 
 Why a script: "would the pays gate catch a fused build 10% slower than its unfused one here, and does it
@@ -31,16 +31,16 @@ from ab_power import run_trials, stack, summarise  # noqa: E402
 from baseline_power import PLUGIN, true_slowdown  # noqa: E402
 
 from fuseguard.compiler.plugins import env_for  # noqa: E402
-from fuseguard.compiler.target import host_cores  # noqa: E402
-from fuseguard.verify.pays import PAYS_FACTOR, time_prepared_pays  # noqa: E402
-from fuseguard.verify.timing import timing_env  # noqa: E402
+from fuseguard.compiler.hw.target import host_cores  # noqa: E402
+from fuseguard.verify.perf.pays import PAYS_FACTOR, time_prepared_pays  # noqa: E402
+from fuseguard.verify.perf.timing import timing_env  # noqa: E402
 from fuseguard.verify.worker import Worker  # noqa: E402
 
 
 def export(model: Path, out: Path, env: dict[str, str]) -> None:
     """bench.prepare_bench into `out` (fused and unfused of `model`, with whatever plugin `env` loads)."""
     with Worker(env=env, forward_output=False) as w:
-        w.call("fuseguard.verify.bench:prepare_bench", what="compiling", timeout=900, source=str(model),
+        w.call("fuseguard.verify.perf.bench:prepare_bench", what="compiling", timeout=900, source=str(model),
                directory=str(out))
 
 

@@ -3,8 +3,8 @@
     python benchmarks/process_modes.py mlp_gelu bert_encoder --processes 20
     python benchmarks/process_modes.py mlp_gelu --layouts default,hugepages --processes 10
 
-Each model is compiled and exported once (verify.bench.prepare_bench); each fresh process loads it and
-times fused, unfused and ONNX Runtime interleaved (verify.bench.time_prepared). Printed per model and
+Each model is compiled and exported once (verify.perf.bench.prepare_bench); each fresh process loads it and
+times fused, unfused and ONNX Runtime interleaved (verify.perf.bench.time_prepared). Printed per model and
 layout: the per-process medians, within-process spread (median IQR / median), between-process spread
 ((max - min) / median) and how many processes ran > 25% slower than the fastest. `setarch -R` turns
 address-space randomisation off for the timing process; `hugepages` sets `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-CHILD = ("import json, sys; from fuseguard.verify.bench import time_prepared; "
+CHILD = ("import json, sys; from fuseguard.verify.perf.bench import time_prepared; "
          "print(json.dumps(time_prepared(sys.argv[1], threads=int(sys.argv[2]), repeats=9, "
          "contenders=('tvm_fused', 'tvm_unfused', 'ort'))))")
 
@@ -42,10 +42,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     layouts = {"default": ("ASLR on", [], {}), "aslr-off": ("ASLR off", ["setarch", "-R"], {}),
                "hugepages": ("huge pages", [], {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})}
-    from fuseguard.compiler.target import host_cores
-    from fuseguard.verify.bench import prepare_bench
-    from fuseguard.verify.core import resolve_model_arg
-    from fuseguard.verify.timing import timing_env
+    from fuseguard.compiler.hw.target import host_cores
+    from fuseguard.verify.perf.bench import prepare_bench
+    from fuseguard.verify.check.model import resolve_model_arg
+    from fuseguard.verify.perf.timing import timing_env
 
     threads = host_cores()
     env = {**os.environ, **timing_env(threads), "PYTHONPATH": str(ROOT)}

@@ -2,11 +2,11 @@
 
     python benchmarks/regret.py bert_encoder resnet50 llama_tiny ... [--repeats 20] [--db FILE|'']
 
-For every pattern group of each model's fused build, `verify.profile` times the fused kernel and the
+For every pattern group of each model's fused build, `verify.perf.profile` times the fused kernel and the
 unfused kernels of the same ONNX nodes. Printed per model: Spearman rank correlation of predicted vs
 measured saving (with `--runs N`, of each group's median saving over N profiles, and each run's own rho);
 the ceiling of that correlation, the square root of the measurement's reliability (one run: odd rounds against
-even rounds over the groups read from the model run, `verify.profile.split_half_reliability`; several: the runs
+even rounds over the groups read from the model run, `verify.perf.profile.split_half_reliability`; several: the runs
 against each other, replayed groups included), so a rho near the ceiling is as good as the profile can tell; fused
 groups slower than their parts (by > 5%), and regret: the time lost against the
 better choice per group (a fused group measured slower than its parts costs the difference), summed, in
@@ -17,9 +17,9 @@ A sum of shortfalls grows with noise alone: a group whose true saving is 0 reads
 time. Regret covers the groups the model chose to fuse; a match it refused is not timed fused. `--db ''` (the default) decides with the estimate alone; pass a decision
 database (written by `fuseguard tune`) to see the effect of measured decisions. `--confirm` also builds the
 model with each losing group split back and times it against the fused build, interleaved
-(`verify.tune.confirm_splits`): "confirmed regret" counts a loss only where the split whole model ran faster
+(`verify.perf.tune.confirm_splits`): "confirmed regret" counts a loss only where the split whole model ran faster
 with its 95% interval below 1. Groups whose in-model times the two builds' memory plans set (one side's inputs or
-output out of the caches, the other's not: `verify.profile.plan_bound`) are read from replays.
+output out of the caches, the other's not: `verify.perf.profile.plan_bound`) are read from replays.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from fuseguard.compiler.target import host_cores  # noqa: E402
-from fuseguard.verify.timing import timing_env  # noqa: E402
+from fuseguard.compiler.hw.target import host_cores  # noqa: E402
+from fuseguard.verify.perf.timing import timing_env  # noqa: E402
 
 # As `fuseguard profile` runs: all cores, TVM's pool spinning. Left to TVM's default, this 2-vCPU Zen3 VM got
 # ONE thread (TVM counts it as one physical core), so every figure here was single-threaded while `bench`
@@ -44,8 +44,8 @@ from fuseguard.verify.timing import timing_env  # noqa: E402
 os.environ.update(timing_env(host_cores(), against_ort=False))
 
 from fuseguard.compiler.pipeline import CompileOptions  # noqa: E402
-from fuseguard.verify.core import resolve_model_arg  # noqa: E402
-from fuseguard.verify.profile import profile_model, split_half_reliability  # noqa: E402
+from fuseguard.verify.check.model import resolve_model_arg  # noqa: E402
+from fuseguard.verify.perf.profile import profile_model, split_half_reliability  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
               f"{100 * regret / total:8.2f}% {len(sure):5d} {100 * beyond / total:11.2f}% {total / 1e3:9.2f} "
               f"{result.unfused_total_us / 1e3:10.2f}")
         if args.confirm:
-            from fuseguard.verify.tune import confirm_splits
+            from fuseguard.verify.perf.tune import confirm_splits
 
             losing = sorted({g.key for g in groups if g.saving_us < 0 and g.key})
             confirmed = confirm_splits(resolve_model_arg(name), losing,

@@ -39,7 +39,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import tvm  # noqa: E402
 
-from fuseguard.compiler.hostcpu import detect_host, host_target  # noqa: E402
+from fuseguard.compiler.hw.hostcpu import detect_host, host_target  # noqa: E402
 from fuseguard.compiler.schedule import workloads  # noqa: E402
 from fuseguard.compiler.schedule.cpu import CpuScheduleOptions, schedule_cpu_module_with_report  # noqa: E402
 

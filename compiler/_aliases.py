@@ -7,7 +7,7 @@ the very module `fuseguard.compiler.patterns` (one registry, not a second copy),
 (shown by default: plugin authors are users).
 
 Not an alias where another tree's `compiler` comes first on `sys.path`: the A/B gate imports a base
-revision's compiler by its folder name from that revision's tree (verify/ab.py: build_arm), and that must
+revision's compiler by its folder name from that revision's tree (verify/perf/ab.py: build_arm), and that must
 load the base's code, not this one's. Alias only when the folder found is this installation's own (a
 checkout on `sys.path`) or none is found at all.
 """

@@ -82,7 +82,8 @@ def _callable_id(fn: Any) -> str:
 
 def _registry_id() -> dict[str, Any]:
     """Registered patterns and passes, and loaded plugins, each by source."""
-    from . import patterns, pipeline, plugins
+    from .fusion import patterns
+    from . import pipeline, plugins
 
     pats = {}
     for rule in patterns.rules():
@@ -106,7 +107,7 @@ def _registry_id() -> dict[str, Any]:
 
 
 def _decision_db_id(spec: Any, options: Any) -> str:
-    from . import decisions
+    from .fusion import decisions
 
     path = decisions.db_path(spec.class_id, options.decision_db)
     if path is None or not path.is_file():
@@ -123,7 +124,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
 
     host: dict[str, Any] = {}
     if not spec.is_gpu:
-        from .hostcpu import detect_host
+        from .hw.hostcpu import detect_host
 
         h = detect_host()
         host = {"features": sorted(h.features), "l1d": h.l1d_bytes, "l2": h.l2_bytes, "l3": h.l3_bytes,
@@ -275,8 +276,8 @@ def compile_cached(loaded: Any, options: Any, *, cache: BuildCache | None = None
     A hit returns a CompiledModel whose executable is the loaded library, with `lowered=None` and
     `cache_hit=True` (profiling and bisection, which need the lowered module, compile for real)."""
     from . import pipeline, progress
-    from .report import FusionReport
-    from .target import cuda_device_present, resolve
+    from .fusion.report import FusionReport
+    from .hw.target import cuda_device_present, resolve
 
     spec = resolve(options.gpu_arch, options.mcpu)
     if spec.is_gpu and not cuda_device_present():

@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from . import tags
+from .ir import tags
 
 KERNEL_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
 _BLOCK = re.compile(r"^\s*with T\.sblock\(", re.M)

@@ -2,7 +2,7 @@
 
     import (ONNX -> Relax, provenance tags `n<node>_<Op>`)          importer.py
     0b integer_matmuls             int8 QDQ, CPUs with VNNI: MatMul(DQ(Q(x)), DQ(int8 W)) as a u8 x s8 -> int32
-                                    GEMM between a quantize and a dequantize, W kept int8 (compiler/int8_gemm.py;
+                                    GEMM between a quantize and a dequantize, W kept int8 (compiler/passes/int8_gemm.py;
                                     kernel: compiler/schedule/cpu_matmul_int8.py)                  [int8_kernels]
     1  FoldConstantMoves, FoldConstant   reshapes/transposes of weights in numpy, then materialise weights built
                                     by ConstantOfShape/Expand/...
@@ -16,18 +16,18 @@
        DropPaddingTaps              kernel rows/columns that only ever read zero padding cut off (ASPP)
        KeepConv1dChains4D           elementwise ops between two such convs stay 4-D (the layout passes through)
     1b fold_fake_quant              int8 QDQ: each Quantize->Dequantize pair as exact fp32 arithmetic on the
-                                    integer grid, so the layout and fusion see through it (compiler/qdq.py)  [qdq]
+                                    integer grid, so the layout and fusion see through it (compiler/passes/qdq.py)  [qdq]
                                     (the unfused build turns it back into its Q and DQ ops after step 4c)
     2  FoldBatchNorm                conv(+bias) -> BatchNorm folded into the conv weights     [bn_folding]
     3  DecomposeOpsForInference     the remaining BatchNorms to elementwise ops (before fusion, or
                                     conv and batch-norm never fuse)
     4  CanonicalizeBindings, DeadCodeElimination, FoldConstant                                 [dce]
     4b to_precision, CSE, FoldConstant   fp16/bf16: GEMM/conv operands in the reduced type, fp32
-                                    accumulation, epilogues and statistics (compiler/precision.py)  [precision]
+                                    accumulation, epilogues and statistics (compiler/passes/precision.py)  [precision]
     4c to_blocked                  CPU: convs in NCHW{lanes}c, the layout propagated, weights packed
-                                    (compiler/layout.py); the unfused build takes the same decision  [layout]
+                                    (compiler/passes/layout.py); the unfused build takes the same decision  [layout]
        pad_channels                 first: convs whose channels are not whole blocks padded with zero
-                                    filters, the padding carried to the next conv (compiler/padding.py)
+                                    filters, the padding carried to the next conv (compiler/passes/padding.py)
                                                                                           [channel_padding]
        user passes "before_fusion"
     5  pattern fusion                                                                          [fusion]
@@ -38,7 +38,7 @@
        user passes "after_fusion"
     6  DispatchSortScan, LegalizeOps, AnnotateTIROpPattern, FoldConstant   Relax ops -> TIR PrimFuncs
                                     (scans, sorts and sampling by TVM's dispatchers first; CUDA: grouped convs
-                                    as batched GEMMs, compiler/gpu_legalize.py)
+                                    as batched GEMMs, compiler/cuda/legalize.py)
     7  FuseOps, FuseTIR             generic fusion of the rest, one PrimFunc per group          [fusion]
        user passes "after_tir_fusion"
     8  schedules                    CPU: compiler.schedule.cpu; CUDA: dlight GPU rules         [schedule]
@@ -46,11 +46,11 @@
                                     and steps 1-8 run again without it
     9  lower + memory planning      StaticPlanBlockMemory, ... VMShapeLower
        9b concat_in_place          CPU: a concat of contiguous slices written in place by the kernels of
-                                    its inputs, the copy dropped (compiler/concat_in_place.py)  [concat_in_place]
+                                    its inputs, the copy dropped (compiler/passes/concat_in_place.py)  [concat_in_place]
    10  codegen                      tvm.compile for {"kind": "llvm", "mcpu": host} or {"kind": "cuda", "arch": sm_XX}
-   10b SASS check (CUDA)            every kernel through nvcc/ptxas for sm_XX (compiler/sass.py): a fused
+   10b SASS check (CUDA)            every kernel through nvcc/ptxas for sm_XX (compiler/cuda/sass.py): a fused
                                     group that spills, cannot launch, or loses more to occupancy than it
-                                    saves (compiler/gpu_cost.py) is vetoed and steps 1-10 run again
+                                    saves (compiler/cuda/cost.py) is vetoed and steps 1-10 run again
 
 The unfused build is the same pipeline with steps 5 and 7 off: the fallback users can always ship.
 """
@@ -70,23 +70,26 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from . import cost, decisions, hostcpu, patterns, progress, report, settings, subbyte
+from .fusion import cost, decisions, patterns, report
+from .hw import hostcpu
+from . import progress, settings
+from .frontend.converters import subbyte
 from .errors import CompileError, FuseguardError, ShapeError, UsageError
-from .hardware import Hardware, for_target
+from .hw.hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
-from .concat_in_place import ConcatInPlace
-from .legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
-from .layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
-from .importer import ImportResult, import_folded, import_model, provenance_of
-from .onnx_loader import LoadedModel, error_line, load
-from .int8_gemm import integer_matmuls
+from .passes.concat_in_place import ConcatInPlace
+from .passes.legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
+from .passes.layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
+from .frontend.importer import ImportResult, import_folded, import_model, provenance_of
+from .frontend.loader import LoadedModel, error_line, load
+from .passes.int8_gemm import integer_matmuls
 from .schedule.cpu_matmul_int8 import supported as int8_supported
-from .qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
-from .precision import check as precision_check, dtype_census, to_precision
-from .passes import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm, FoldConstantMoves,
-                     FoldReshapedAdd, KeepConv1dChains4D, MaskedFillAsAdd, NormalizeFlattenedGemm,
-                     UnflattenScores, apply_replacements)
-from .target import TargetSpec, resolve
+from .passes.qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
+from .passes.precision import check as precision_check, dtype_census, to_precision
+from .passes.normalize import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm,
+                               FoldConstantMoves, FoldReshapedAdd, KeepConv1dChains4D, MaskedFillAsAdd,
+                               NormalizeFlattenedGemm, UnflattenScores, apply_replacements)
+from .hw.target import TargetSpec, resolve
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
 #: Pipeline stages whose failure on a directly imported model is retried through the ONNX Runtime fold
@@ -125,27 +128,27 @@ class CompileOptions:
     schedule: bool = True
     num_threads: int | None = None
     extra_passes: tuple[tuple[str, PassLike], ...] = ()      # (stage, fn) for this build only
-    #: measured-decision database (compiler/decisions.py): None = the architecture's default file,
+    #: measured-decision database (compiler/fusion/decisions.py): None = the architecture's default file,
     #: "" = estimates only
     decision_db: str | None = None
-    #: CUDA builds: compile every kernel to SASS with nvcc and check its resources (compiler/sass.py):
+    #: CUDA builds: compile every kernel to SASS with nvcc and check its resources (compiler/cuda/sass.py):
     #: "auto" when a toolkit is found, "require" (no toolkit is an error) or "off"
     sass: str = "auto"
     #: dims kept symbolic (compiler/dynamic.py): one build serves every size of them
     dynamic: tuple[DynamicDim, ...] = ()
-    #: "fp32", or "fp16"/"bf16": GEMM and conv operands in that type, accumulated in fp32 (compiler/precision.py)
+    #: "fp32", or "fp16"/"bf16": GEMM and conv operands in that type, accumulated in fp32 (compiler/passes/precision.py)
     precision: str = "fp32"
-    #: CPU: convs in the channel-blocked layout NCHW{vector lanes}c (compiler/layout.py)
+    #: CPU: convs in the channel-blocked layout NCHW{vector lanes}c (compiler/passes/layout.py)
     layout: bool = True
     #: with the layout step: convs whose channels are not whole blocks padded with zero filters first, so
-    #: they block too (compiler/padding.py)
+    #: they block too (compiler/passes/padding.py)
     channel_padding: bool = True
-    #: int8 QDQ models: Quantize->Dequantize pairs as fp32 elementwise ops on the integer grid (compiler/qdq.py)
+    #: int8 QDQ models: Quantize->Dequantize pairs as fp32 elementwise ops on the integer grid (compiler/passes/qdq.py)
     qdq: bool = True
-    #: int8 QDQ models on CPUs with VNNI: MatMuls on int8 weights as integer GEMMs (compiler/int8_gemm.py)
+    #: int8 QDQ models on CPUs with VNNI: MatMuls on int8 weights as integer GEMMs (compiler/passes/int8_gemm.py)
     int8_kernels: bool = True
     #: CPU: a concatenation along an axis of contiguous slices written in place by its inputs' kernels, after
-    #: memory planning (compiler/concat_in_place.py)
+    #: memory planning (compiler/passes/concat_in_place.py)
     concat_in_place: bool = True
 
     def __post_init__(self) -> None:
@@ -197,7 +200,7 @@ class CompiledModel:
     load_s: float = 0.0                      # time to load a cached build
     #: symbolic builds: {dim name: [(input, axis), ...]} of each `--dynamic` dim (bounds in options.dynamic)
     dynamic_axes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-    #: output index -> ONNX type, for 4- and 2-bit outputs (returned in a byte container: compiler/subbyte.py)
+    #: output index -> ONNX type, for 4- and 2-bit outputs (returned in a byte container: compiler/frontend/converters/subbyte.py)
     narrow_outputs: dict[int, int] = field(default_factory=dict)
     _vm: Any = field(default=None, repr=False)
 
@@ -217,8 +220,8 @@ class CompiledModel:
 
     def vm(self) -> relax.VirtualMachine:
         if self._vm is None:
-            if self.target.is_gpu:       # the kernels are compiled when the library loads (compiler/cuda_jit.py)
-                from .cuda_jit import install
+            if self.target.is_gpu:       # the kernels are compiled when the library loads (compiler/cuda/jit.py)
+                from .cuda.jit import install
 
                 install()
             self._vm = relax.VirtualMachine(self.executable, self.device())
@@ -570,11 +573,11 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
         rep.stage_s["replacements"] = time.perf_counter() - start
     mod = _run_user_passes("after_fusion", mod, options)
 
-    if spec.is_gpu:   # grouped convs as batched GEMMs dlight's Matmul rule schedules (compiler/gpu_legalize.py)
-        from .gpu_legalize import legalize_map
+    if spec.is_gpu:   # grouped convs as batched GEMMs dlight's Matmul rule schedules (compiler/cuda/legalize.py)
+        from .cuda.legalize import legalize_map
 
         legalize = T.LegalizeOps(customize_legalize_map={**fixes_legalize_map(), **legalize_map(), **qdq_legalize_map()})
-    else:       # the blocked convs of step 4c to their own computes (compiler/layout.py)
+    else:       # the blocked convs of step 4c to their own computes (compiler/passes/layout.py)
         legalize = T.LegalizeOps(customize_legalize_map={**fixes_legalize_map(), **layout_legalize_map(),
                                                           **qdq_legalize_map()})
     # cumsum/cumprod, sort/argsort/topk and sampling have no LegalizeOps rule: TVM's backends dispatch them to
@@ -653,7 +656,7 @@ def _lower_and_build(mod: tvm.IRModule, spec: TargetSpec, options: CompileOption
 
 
 def _sass_of(exe: Any, lowered: tvm.IRModule, rep: report.FusionReport, spec: TargetSpec, name: str) -> Any:
-    from . import sass
+    from .cuda import sass
 
     groups = {g.kernel: g.pattern for g in rep.groups}
     progress.stage("sass")
@@ -670,11 +673,11 @@ def _sass_of(exe: Any, lowered: tvm.IRModule, rep: report.FusionReport, spec: Ta
 def _check_gpu_kernels(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, lowered: tvm.IRModule,
                        rep: report.FusionReport, exe: Any, *, name: str,
                        provenance: Callable[[list[str]], list[str]] | None):
-    """Step 10b (CUDA): every kernel compiled to SASS for the architecture (compiler/sass.py). A fused
+    """Step 10b (CUDA): every kernel compiled to SASS for the architecture (compiler/cuda/sass.py). A fused
     group whose kernel spills, cannot launch, or whose occupancy the GPU cost model predicts makes it
-    slower than its parts (compiler/gpu_cost.py) is vetoed and the build is redone without it; a kernel
+    slower than its parts (compiler/cuda/cost.py) is vetoed and the build is redone without it; a kernel
     with a problem that no veto can remove fails the build, naming it."""
-    from . import gpu_cost, sass
+    from .cuda import cost as gpu_cost, sass
 
     if sass.find_toolkit() is None:
         if options.sass == "require":

@@ -4,7 +4,7 @@
 # then, on the device (the bundle carried beside the working tree):
 #     bash scripts/gpu-check.sh .gpucheck [smoke|full] [SUMMARY.json]
 # Installs the bundled tvm-ffi wheel into a private folder (no network needed), then runs
-# verify/devicecheck.py: fused and unfused builds against the expected outputs, timed; attention against
+# verify/device/check.py: fused and unfused builds against the expected outputs, timed; attention against
 # PyTorch's SDPA. Exit 0 when everything passed.
 set -euo pipefail
 bundle=${1:?usage: gpu-check.sh BUNDLE [smoke|full] [SUMMARY.json]}

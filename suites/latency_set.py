@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fuseguard.suites.models import get_model
-from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.check.model import SuiteSpec
 
 #: Models and the sizes they are gated at: each exercises a different fused kernel family, and each runs
 #: for at least ~1 ms. Below that (a 30 us Softmax+LayerNorm, a 0.1 ms attention at seq 64) per-call

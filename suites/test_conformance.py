@@ -1,4 +1,4 @@
-"""ONNX semantics: the backend node-test suite through fuseguard (verify/conformance.py).
+"""ONNX semantics: the backend node-test suite through fuseguard (verify/check/conformance.py).
 
 The default run keeps one case per operator; `pytest suites/test_conformance.py --conformance-full` runs
 all 1884 (nightly). Fusion must never break a case the unfused build gets right, no case may crash the
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from fuseguard.verify.conformance import case_names, run_in_worker
+from fuseguard.verify.check.conformance import case_names, run_in_worker
 
 #: Wrong where ONNX Runtime is right, with the reason (measured with `fuseguard conformance`). Empty since
-#: compiler/onnx_semantics.py: the eleven once listed here are in FIXED below.
+#: compiler/frontend/converters/semantics.py: the eleven once listed here are in FIXED below.
 KNOWN_WRONG: dict[str, str] = {}
 
 #: Cases once wrong, refused or failing, each standing for a fix (run by default, all fused and unfused:
 #: they must come out right, frozen or not): the eleven once wrong where ORT was right, 8-bit floats
-#: (compiler/narrow_floats.py), zero-size inputs, inputs frozen whole (a window's size, ConstantOfShape's shape).
+#: (compiler/frontend/converters/narrow_floats.py), zero-size inputs, inputs frozen whole (a window's size, ConstantOfShape's shape).
 FIXED = (
     "test_batchnorm_epsilon_training_mode", "test_batchnorm_example_training_mode",
     "test_bitshift_left_int32_negative_shift", "test_bitshift_left_int32_shift_ge_width",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.check.model import SuiteSpec
 from fuseguard.verify.pytest_plugin import skip_without_cuda_run
 
 #: model -> its dims to keep symbolic. Draws per model: the issue's bar (>= 50 sizes in CI).

@@ -1,7 +1,7 @@
 """Latency gate: each model against baselines/<arch>.json, normalised by a same-run reference.
 
 A model fails only when it is slower by more than the factor (default 10%) AND the difference is
-statistically significant (verify/gate.py); inconclusive runs take more samples first. No baseline is
+statistically significant (verify/perf/gate.py); inconclusive runs take more samples first. No baseline is
 reported as a skip ("no baseline"), or a failure with --strict-baselines. Record with --update-baselines.
 """
 
@@ -35,7 +35,7 @@ PAYS_FULL_RUN_ONLY = ("alexnet", "llama_tiny")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.models_full] if n in PAYS_FULL_RUN_ONLY else [])
                                   for n in PAYS_SET])
 def test_fusion_pays(name: str, fusion_pays) -> None:
-    from fuseguard.verify.core import resolve_model_arg
+    from fuseguard.verify.check.model import resolve_model_arg
 
     spec = latency_spec(name) if name in LATENCY_SET else resolve_model_arg(name)
     result = fusion_pays(spec)

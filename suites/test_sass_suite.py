@@ -1,5 +1,5 @@
 """Every suite model compiled for sm_80 and sm_90 down to SASS, on a machine with no GPU: no kernel spills,
-none asks for more registers, threads or shared memory than a block may have (compiler/sass.py).
+none asks for more registers, threads or shared memory than a block may have (compiler/cuda/sass.py).
 
 The default run compiles each built-in model for one architecture (alternating, so both are covered: ~100 s
 for all of them on both, cold, 2-core Zen3) and one real model of each kind on one; `pytest --sass-full`
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuseguard.compiler import sass
+from fuseguard.compiler.cuda import sass
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 from fuseguard.suites.light import LIGHT_ARCHITECTURES
 from fuseguard.suites.models import SuiteModel, suite_models, zoo_models

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fuseguard.suites.models import SuiteModel, suite_models
 from fuseguard.suites.strategies import dims_for
-from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.check.model import SuiteSpec
 from fuseguard.verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 #: Examples per model beyond the default shape: unscheduled TVM code is slow, so the heavy models

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from fuseguard.suites.models import zoo_models
-from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.check.model import SuiteSpec
 from fuseguard.verify.pytest_plugin import model_marks, skip_without_cuda_run
 
 

@@ -11,9 +11,9 @@ def quantised(tmp_path: Path, name: str) -> Path:
     """A built-in model quantised to int8 QDQ by ONNX Runtime's own quantiser (4 calibration draws)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.suites.models import get_model
-    from fuseguard.verify.inputs import make_inputs
+    from fuseguard.verify.check.inputs import make_inputs
 
     loaded = load(get_model(name).make(), None, name=name)
     src, dst = tmp_path / f"{name}.onnx", tmp_path / f"{name}_int8.onnx"

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fuseguard.verify import ab
-from fuseguard.verify.core import SuiteSpec
-from fuseguard.verify.gate import GatePolicy, Verdict
-from fuseguard.verify.timing import timing_env
+from fuseguard.verify.perf import ab
+from fuseguard.verify.check.model import SuiteSpec
+from fuseguard.verify.perf.gate import GatePolicy, Verdict
+from fuseguard.verify.perf.timing import timing_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SWITCH = "    matmul: bool = True"
@@ -108,7 +108,7 @@ def test_per_process_modes_cancel() -> None:
 def test_compile_time_and_planned_memory_are_gated() -> None:
     """Resource gates at Inductor's 1.15x: planned memory exactly; compile time above a noise floor and only
     when every one of five interleaved pairs is over the factor (one-sided signed-rank test)."""
-    from fuseguard.verify.gate import GateResult
+    from fuseguard.verify.perf.gate import GateResult
 
     def result(pairs, planned) -> ab.ABResult:
         gate = GateResult(name="m", verdict=Verdict.SAME, ratio=1.0, ci=(0.98, 1.02), p_value=0.5, n_candidate=10,

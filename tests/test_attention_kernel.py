@@ -23,7 +23,7 @@ from fuseguard.compiler.kernels import (
     cuda_max_shared_bytes,
     host_target,
 )
-from fuseguard.compiler.target import cuda_device_present
+from fuseguard.compiler.hw.target import cuda_device_present
 
 CPU = host_target()
 SM80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})

@@ -1,4 +1,4 @@
-"""verify.baselines: schema errors name file, entry and field; concurrent recorders lose nothing; interop."""
+"""verify.perf.baselines: schema errors name file, entry and field; concurrent recorders lose nothing; interop."""
 
 from __future__ import annotations
 
@@ -17,23 +17,10 @@ import numpy as np
 import pytest
 
 from fuseguard.compiler.errors import BaselineError, UsageError
-from fuseguard.verify.baselines import (
-    MAX_SAMPLES,
-    SCHEMA_VERSION,
-    Entry,
-    Metadata,
-    cpu_class_id,
-    from_pytest_benchmark,
-    fusion_label,
-    host_cpu_class,
-    load_baselines,
-    make_key,
-    model_of,
-    record,
-    to_pytest_benchmark,
-    validate_document,
-)
-from fuseguard.verify.timing import Samples
+from fuseguard.verify.perf.baselines import (MAX_SAMPLES, SCHEMA_VERSION, Entry, Metadata, cpu_class_id,
+                                             from_pytest_benchmark, fusion_label, host_cpu_class, load_baselines,
+                                             make_key, model_of, record, to_pytest_benchmark, validate_document)
+from fuseguard.verify.perf.timing import Samples
 
 KEY = "resnet50|data=1x3x224x224|fused"
 META = Metadata(device="NVIDIA A100-SXM4-80GB", driver="550.54.15", cuda="12.4", tvm_version="0.27.0.post1",

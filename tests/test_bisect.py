@@ -22,8 +22,9 @@ from tvm import relax
 
 from fuseguard.compiler.pipeline import CompileOptions
 from fuseguard.suites.models import get_model
-from fuseguard.verify.bisect import BLAME_FUSION, BLAME_LOWERING, EXIT_DRIFT, EXIT_NO_DRIFT, EXIT_UNTESTABLE, bisect_model
-from fuseguard.verify.core import verify_model
+from fuseguard.verify.debug.bisect import (BLAME_FUSION, BLAME_LOWERING, EXIT_DRIFT, EXIT_NO_DRIFT, EXIT_UNTESTABLE,
+                                           bisect_model)
+from fuseguard.verify.check.model import verify_model
 
 NO_SCHED = CompileOptions(schedule=False)
 
@@ -285,7 +286,7 @@ def test_unbuildable_commit_exits_125(tmp_path: Path) -> None:
 def test_cli_exit_codes(tmp_path: Path) -> None:
     import argparse
 
-    from fuseguard.verify.bisect import add_bisect_parser, run_bisect
+    from fuseguard.verify.debug.bisect import add_bisect_parser, run_bisect
 
     path = tmp_path / "m.onnx"
     onnx.save(get_model("softmax_layernorm").make({"seq": 8}, seed=0), str(path))

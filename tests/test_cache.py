@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuseguard.compiler import cache as build_cache
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, register_pass, unregister_pass
-from fuseguard.compiler.target import resolve
+from fuseguard.compiler.hw.target import resolve
 
 
 def _model(scale: float = 1.0):
@@ -164,8 +164,8 @@ def test_no_cache_switch(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_profile_reuses_cached_builds(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`fuseguard profile` builds through the cache: a second profile of the same model compiles nothing."""
     from fuseguard.compiler import pipeline
-    from fuseguard.verify.core import SuiteSpec
-    from fuseguard.verify.profile import profile_model
+    from fuseguard.verify.check.model import SuiteSpec
+    from fuseguard.verify.perf.profile import profile_model
 
     spec = SuiteSpec("conv_bn_relu", (("batch", 1),), seed=0)
     profile_model(spec, repeats=2, threads=1)

@@ -197,7 +197,7 @@ def test_bench_adds_processes_while_an_interval_is_wider_than_asked(tmp_path: Pa
 
 
 def test_bench_process_budget_decision() -> None:
-    from fuseguard.verify.bench import BenchResult, halfwidth, needs_more
+    from fuseguard.verify.perf.bench import BenchResult, halfwidth, needs_more
 
     assert halfwidth(1.0, (0.98, 1.03)) == pytest.approx(0.03) and halfwidth(1.0, None) == float("inf")
     r = BenchResult(model="m", threads=2, tvm_fused_ms=1.0, tvm_unfused_ms=1.2, ort_ms=1.0, ort_noopt_ms=1.5,
@@ -217,7 +217,7 @@ def test_bench_sets_aside_a_process_the_host_slowed_by_its_reference_not_its_rat
     """bert_encoder, SPR class: two of 30 processes ran ORT 1.8x and TVM 2.3-2.6x their medians (fused/ORT 1.38x
     against ~1.0x elsewhere) and doubled the interval's width. The reference runtime decides which to leave out:
     a process whose ratio alone is off stays in."""
-    from fuseguard.verify.bench import aggregate, set_aside_note, slow_host_processes
+    from fuseguard.verify.perf.bench import aggregate, set_aside_note, slow_host_processes
 
     def run(fused: float, ort: float) -> dict[str, list[float]]:
         return {"tvm_fused": [fused] * 3, "tvm_unfused": [1.1 * fused] * 3, "ort": [ort] * 3,
@@ -244,7 +244,7 @@ def test_bench_times_round_robin_over_the_models(monkeypatch: pytest.MonkeyPatch
     ``brief`` when asked."""
     import fuseguard.verify.worker as worker_mod
     from fuseguard.verify import cli
-    from fuseguard.verify.timing import BRIEF_TVM_SPIN_COUNT
+    from fuseguard.verify.perf.timing import BRIEF_TVM_SPIN_COUNT
 
     calls: list[tuple[str, str]] = []
     pools: set[tuple[str | None, str | None]] = set()
@@ -296,7 +296,7 @@ def test_bench_can_time_the_thread_pools_as_deployed(tmp_path: Path) -> None:
 
 
 def test_ratio_interval_from_processes_and_from_one_process() -> None:
-    from fuseguard.verify.bench import ratio_interval
+    from fuseguard.verify.perf.bench import ratio_interval
 
     est, (lo, hi) = ratio_interval([1.0, 1.1, 0.9, 1.05])
     assert lo < est < hi and 0.9 < est < 1.1

@@ -1,4 +1,4 @@
-"""`fuseguard bench MODEL --dynamic ... --dim ...` (verify/cliff.py): what it builds and times, not how fast."""
+"""`fuseguard bench MODEL --dynamic ... --dim ...` (verify/perf/cliff.py): what it builds and times, not how fast."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fuseguard.compiler.dynamic import parse_dynamic
 from fuseguard.compiler.pipeline import CompileOptions
-from fuseguard.verify.cliff import bench_cliff, bucket_for
-from fuseguard.verify.core import SuiteSpec
+from fuseguard.verify.perf.cliff import bench_cliff, bucket_for
+from fuseguard.verify.check.model import SuiteSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""verify.compare: tolerance rule, NaN/Inf rules, minimum passing tolerances, reports."""
+"""verify.check.compare: tolerance rule, NaN/Inf rules, minimum passing tolerances, reports."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis.extra import numpy as hnp
 from rich.console import Console
 
 from fuseguard.compiler.errors import UsageError
-from fuseguard.verify.compare import (DEFAULT_TOLERANCES, EXACT, REL_EPSILON, CompareResult, OutputCompareResult,
-                            Tolerance, compare_outputs, compare_with_fp64_tiebreak,
-                            render_table, resolve_tolerance)
+from fuseguard.verify.check.compare import (DEFAULT_TOLERANCES, EXACT, REL_EPSILON, CompareResult,
+                                            OutputCompareResult, Tolerance, compare_outputs,
+                                            compare_with_fp64_tiebreak, render_table, resolve_tolerance)
 
 F32 = DEFAULT_TOLERANCES["float32"]
 
@@ -306,7 +306,7 @@ def test_fp64_tiebreak_never_rescues_nan_or_integers() -> None:
 # --- outputs a comparison cannot fail on ------------------------------------------------------------
 
 def test_constant_and_below_tolerance_outputs_are_named_with_the_relative_error_that_still_tells() -> None:
-    from fuseguard.verify.compare import uninformative_outputs
+    from fuseguard.verify.check.compare import uninformative_outputs
 
     rng = np.random.default_rng(0)
     tiny = (rng.standard_normal((4, 8)) * 1e-6).astype(np.float32)
@@ -326,7 +326,7 @@ def test_verify_warns_when_a_model_output_is_zero_whatever_the_input(tmp_path) -
     verify says so in its warnings (the verdict stands)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     w = numpy_helper.from_array(np.zeros((16, 10), np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "zero_head",

@@ -1,4 +1,4 @@
-"""A concat whose inputs' kernels write the output in place (compiler/concat_in_place.py)."""
+"""A concat whose inputs' kernels write the output in place (compiler/passes/concat_in_place.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuseguard.compiler.concat_in_place import concat_axis
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.passes.concat_in_place import concat_axis
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
-from fuseguard.verify.core import run_onnxruntime
-from fuseguard.verify.inputs import make_inputs
+from fuseguard.verify.check.model import run_onnxruntime
+from fuseguard.verify.check.inputs import make_inputs
 
 
 def _fire(*, batch: int = 1, channels: tuple[int, int] = (32, 32), hw: int = 14, axis: int = 1,
@@ -136,7 +136,7 @@ def test_a_dropped_call_takes_its_own_site_not_the_first_of_its_kernel() -> None
     """ShuffleNet-V2's unfused build keeps a concat and places a later one of the same kernel: removed by
     position among the kernel's sites, the kept call's site went, and the profile raised (or tied a time to
     the wrong call)."""
-    from fuseguard.compiler.report import without_calls
+    from fuseguard.compiler.fusion.report import without_calls
 
     sites = [{"kernel": "concatenate", "var": "cat_kept"}, {"kernel": "conv2d", "var": "c"},
              {"kernel": "concatenate", "var": "cat_placed"}, {"kernel": "concatenate", "var": "cat_other"}]
@@ -147,7 +147,7 @@ def test_a_dropped_call_takes_its_own_site_not_the_first_of_its_kernel() -> None
 def test_a_failing_step_is_a_one_line_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A module the step misreads fails that model's build as a CompileError naming the stage, as a TVM pass
     failing does, not with a bare traceback."""
-    from fuseguard.compiler import concat_in_place as step
+    from fuseguard.compiler.passes import concat_in_place as step
     from fuseguard.compiler.errors import CompileError
 
     def broken(mod):  # noqa: ANN001, ANN202 - stands in for the step

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fuseguard.compiler import decisions
+from fuseguard.compiler.fusion import decisions
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 from fuseguard.suites.models import get_model
 
@@ -72,8 +72,8 @@ def test_tune_splits_only_beyond_the_margin_and_the_hooks_resolution() -> None:
     """A group 1.8 us fused against 0.2 us of parts is under the profile hook's ~2 us resolution (vit_tiny's
     add + LayerNorm: tune split 3 of its 5 groups on that); 30 vs 20 us is a real loss; 104 vs 100 us is
     inside the 5% margin."""
-    from fuseguard.verify.profile import GroupProfile
-    from fuseguard.verify.tune import measured_verdicts
+    from fuseguard.verify.perf.profile import GroupProfile
+    from fuseguard.verify.perf.tune import measured_verdicts
 
     def group(key: str, fused: float, parts: float) -> GroupProfile:
         return GroupProfile(kernel="k", pattern="layernorm", nodes=["n"], fused_us=fused, parts_us=parts, parts=2,
@@ -90,8 +90,8 @@ def test_tune_takes_each_groups_median_over_processes() -> None:
     import pytest
 
     from fuseguard.compiler.errors import FuseguardError
-    from fuseguard.verify.profile import GroupProfile, ProfileResult
-    from fuseguard.verify.tune import merge_groups
+    from fuseguard.verify.perf.profile import GroupProfile, ProfileResult
+    from fuseguard.verify.perf.tune import merge_groups
 
     def profile(fused: float, parts: float, kernel: str = "k") -> ProfileResult:
         g = GroupProfile(kernel=kernel, pattern="layernorm", nodes=["n"], fused_us=fused, parts_us=parts, parts=2,
@@ -111,8 +111,8 @@ def test_a_split_stands_only_where_the_whole_model_ran_faster(tmp_path: Path, mo
     """Two groups read slower than their parts in the profile; split back, the whole model ran faster for one
     (interval below 1) and not for the other (MobileNet-V2's depthwise groups: their cold output storage is
     the memory plan's, not the fusion's). The second stays fused, with the whole-model ratio in its reason."""
-    import fuseguard.verify.tune as tune
-    from fuseguard.verify.profile import GroupProfile, ProfileResult
+    import fuseguard.verify.perf.tune as tune
+    from fuseguard.verify.perf.profile import GroupProfile, ProfileResult
 
     groups = [GroupProfile(kernel=f"k{i}", pattern="conv2d_bias_act", nodes=[f"n{i}"], fused_us=230.0, parts_us=180.0,
                            parts=3, bytes=0, flops=0, reason="", key=key) for i, key in enumerate(("real", "cold"))]
@@ -139,7 +139,7 @@ def test_a_split_stands_only_where_the_whole_model_ran_faster(tmp_path: Path, mo
 
 
 def test_confirm_splits_times_the_model_with_one_group_split() -> None:
-    from fuseguard.verify.tune import confirm_splits
+    from fuseguard.verify.perf.tune import confirm_splits
 
     model = _model("mlp_gelu", seq=16)
     built = compile_model(model, options=CompileOptions(decision_db="", schedule=False))

@@ -1,6 +1,6 @@
-"""The device check's CPU-side logic: a bundle made here runs through verify/devicecheck.py with tvm-ffi and
+"""The device check's CPU-side logic: a bundle made here runs through verify/device/check.py with tvm-ffi and
 TVM's runtime library alone (no `import tvm`), on the CPU; on a GPU only the device type and the kernels'
-compilation at load differ (compiler/cuda_jit.py, tested in test_sass.py)."""
+compilation at load differ (compiler/cuda/jit.py, tested in test_sass.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fuseguard.verify.device_bundle import BundleItem, make_bundle
+from fuseguard.verify.device.bundle import BundleItem, make_bundle
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from fuseguard.compiler.dynamic import DynamicDim, parse_dynamic, relabel
 from fuseguard.compiler.errors import ShapeError, UsageError
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 from fuseguard.suites.models import get_model
-from fuseguard.verify.core import SuiteSpec
-from fuseguard.verify.dynamic import edge_sizes, verify_dynamic
+from fuseguard.verify.check.model import SuiteSpec
+from fuseguard.verify.check.dynamic import edge_sizes, verify_dynamic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def test_a_name_the_model_lacks_is_one_line_naming_its_dims() -> None:
 
 def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fused build that goes wrong from seq 23 on (a remainder path, say) fails at exactly 23."""
-    import fuseguard.verify.dynamic as vd
+    import fuseguard.verify.check.dynamic as vd
 
     real = vd._build_and_run
 
@@ -114,7 +114,7 @@ def test_cli_refuses_a_bad_dynamic_at_parse_time(value: str) -> None:
 
 def test_a_symbolic_cuda_build_compiles_to_sass_without_spills() -> None:
     """CUDA builds with a symbolic sequence: dlight schedules symbolic extents; ptxas accepts every kernel."""
-    from fuseguard.compiler import sass
+    from fuseguard.compiler.cuda import sass
 
     if sass.find_toolkit() is None:
         pytest.skip("no CUDA toolkit (nvcc): pip install -e '.[cuda-tools]'")
@@ -130,7 +130,7 @@ def test_static_dims_read_off_a_shape_become_constants() -> None:
     """`Gather(Shape(x), 2)` of a static dim folds even though dim 1 is symbolic (LLaMA's rotate_half)."""
     import onnx
     from onnx import TensorProto, helper
-    from fuseguard.compiler.importer import read_static_dims
+    from fuseguard.compiler.frontend.importer import read_static_dims
 
     g = helper.make_graph(
         [helper.make_node("Shape", ["x"], ["s"]),
@@ -194,7 +194,7 @@ def test_an_error_hint_does_not_blame_a_guess_of_a_symbolic_dim() -> None:
     symbolic by --dynamic is not pinned at all, so the hint must not name it."""
     from onnx import TensorProto, helper
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],

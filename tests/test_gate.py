@@ -1,4 +1,4 @@
-"""verify.gate (and the verify.timing it consumes): verdicts on seeded synthetic samples, no wall-clock asserts."""
+"""verify.perf.gate (and the verify.perf.timing it consumes): verdicts on seeded synthetic samples, no wall-clock asserts."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import fuseguard.verify.timing as timing
+import fuseguard.verify.perf.timing as timing
 from fuseguard.compiler.errors import UsageError
-from fuseguard.verify.baselines import BaselineFile, Entry, Metadata
-from fuseguard.verify.gate import Gate, GatePolicy, Measurement, Verdict, _decide, compare, p_value
-from fuseguard.verify.timing import Samples, measure, measure_interleaved
+from fuseguard.verify.perf.baselines import BaselineFile, Entry, Metadata
+from fuseguard.verify.perf.gate import Gate, GatePolicy, Measurement, Verdict, _decide, compare, p_value
+from fuseguard.verify.perf.timing import Samples, measure, measure_interleaved
 
 META = Metadata(device="test", tvm_version="0.27.0", fuseguard_version="0.1.0", date="2026-01-01T00:00:00+00:00",
                 threads=1, reference_kind="onnxruntime")

@@ -17,8 +17,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from fuseguard.verify.compare import DEFAULT_TOLERANCES, compare_outputs
-from fuseguard.verify.core import BuildResult
+from fuseguard.verify.check.compare import DEFAULT_TOLERANCES, compare_outputs
+from fuseguard.verify.check.model import BuildResult
 from fuseguard.verify.options import (PYTEST_PREFIX, add_build_options, add_compare_options, add_model_options, dest,
                             option_names, tolerances)
 
@@ -119,7 +119,7 @@ def test_values_are_checked_at_parse_time(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_explicit_seed_zero_overrides_a_suite_seed() -> None:
-    from fuseguard.verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.check.model import SuiteSpec, verify_model
 
     spec = SuiteSpec("softmax_layernorm", (("batch", 1), ("seq", 4)), seed=7)
     assert verify_model(spec).seed == 7
@@ -140,7 +140,8 @@ def test_shape_valued_outputs_run(tmp_path: Path) -> None:
 
 
 def test_bisect_task_error_is_untestable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from fuseguard.verify import bisect, cli
+    from fuseguard.verify.debug import bisect
+    from fuseguard.verify import cli
     from fuseguard.verify.worker import Worker, WorkerTaskError
 
     def boom(self, *args, **kwargs):

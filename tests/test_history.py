@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fuseguard.compiler.errors import UsageError
-from fuseguard.verify.history import baseline_history, plot, render_table
+from fuseguard.verify.perf.history import baseline_history, plot, render_table
 
 KEY = "resnet50|data=1x3x224x224|fused"
 

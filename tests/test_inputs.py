@@ -1,4 +1,4 @@
-"""verify.inputs: valid seeded inputs for small ONNX models, user overrides, .npz loading."""
+"""verify.check.inputs: valid seeded inputs for small ONNX models, user overrides, .npz loading."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuseguard.compiler.errors import InputError, ModelError, ShapeError, UsageError
-from fuseguard.verify.inputs import load_npz, make_inputs, model_inputs
+from fuseguard.verify.check.inputs import load_npz, make_inputs, model_inputs
 
 VOCAB, HIDDEN, POSITIONS = 50, 4, 12
 
@@ -276,7 +276,7 @@ def test_load_npz_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_narrow_types_are_drawn_over_their_range() -> None:
-    """4/2-bit integers over the type's whole range, 8-bit floats rounded to the format (compiler/subbyte.py and
+    """4/2-bit integers over the type's whole range, 8-bit floats rounded to the format (compiler/frontend/converters/subbyte.py and
     narrow_floats.py compile them; ml_dtypes holds them one per byte)."""
     graph = helper.make_graph(
         [helper.make_node("Cast", ["q"], ["a"], to=TensorProto.FLOAT),

@@ -1,4 +1,4 @@
-"""int8 QDQ MatMuls as integer GEMMs on VNNI (compiler/int8_gemm.py, compiler/schedule/cpu_matmul_int8.py):
+"""int8 QDQ MatMuls as integer GEMMs on VNNI (compiler/passes/int8_gemm.py, compiler/schedule/cpu_matmul_int8.py):
 exact against integer arithmetic, at tile edges, in both activation types, fused and unfused."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from fuseguard.compiler.hostcpu import detect_host, host_from_target
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.hw.hostcpu import detect_host, host_from_target
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 from fuseguard.compiler.schedule.cpu_matmul_int8 import vnni_lanes
 
@@ -115,8 +115,8 @@ def test_batched_activation_and_the_switch() -> None:
 def test_shapes_the_kernel_does_not_take_keep_the_fp32_route() -> None:
     """N not a whole number of vectors, K not a whole number of 4-steps, or an asymmetric weight: no rewrite,
     and the model still computes the same thing (fp32 on the dequantised grid)."""
-    from fuseguard.compiler.int8_gemm import integer_matmuls
-    from fuseguard.compiler.importer import import_model
+    from fuseguard.compiler.passes.int8_gemm import integer_matmuls
+    from fuseguard.compiler.frontend.importer import import_model
 
     for m, k, n in ((4, 64, 40), (4, 66, 32)):
         model, _ = _qdq_matmul(m, k, n, act=TensorProto.INT8, per_column=False, transposed=False)
@@ -155,7 +155,7 @@ def test_a_quantised_transformer_runs_its_matmuls_on_int8(tmp_path: Path) -> Non
     unfused. Input draw 19 puts one of 24576 outputs three steps from ONNX Runtime's reference (a rounding
     boundary inside; Sapphire Rapids): it passes by the boundary-flip rule, with a note, not by a looser
     tolerance."""
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     path = _quantised(tmp_path, "bert_encoder")
     for options in (CompileOptions(), CompileOptions().unfused()):

@@ -128,8 +128,8 @@ def test_busy_host_makes_a_slowdown_inconclusive_not_a_failure(recorded: Path, t
 
 
 def _run(candidate_ms: list[float], reference_ms: list[float]):
-    from fuseguard.verify.latency import LatencyRun
-    from fuseguard.verify.timing import Samples
+    from fuseguard.verify.perf.latency import LatencyRun
+    from fuseguard.verify.perf.timing import Samples
 
     def samples(ms: list[float]) -> Samples:
         return Samples(tuple(v * 1e6 for v in ms), preempted=(0,) * len(ms))
@@ -143,7 +143,7 @@ def test_pooled_processes_cancel_a_speed_mode_that_hits_the_whole_process() -> N
     candidate/reference ratio, and the pooled run says how many processes it holds."""
     import numpy as np
 
-    from fuseguard.verify.latency import pool_runs
+    from fuseguard.verify.perf.latency import pool_runs
 
     rng = np.random.default_rng(0)
     runs = []
@@ -164,8 +164,8 @@ def test_pooled_processes_cancel_a_speed_mode_that_hits_the_whole_process() -> N
 
 
 def test_a_process_preempted_samples_are_set_aside_before_pooling() -> None:
-    from fuseguard.verify.latency import pool_runs
-    from fuseguard.verify.timing import Samples
+    from fuseguard.verify.perf.latency import pool_runs
+    from fuseguard.verify.perf.timing import Samples
 
     run = _run([1.0] * 6, [2.0] * 6)
     preempted = Samples(tuple([1e6] * 6 + [9e6] * 2), preempted=(0,) * 6 + (3, 3))
@@ -180,7 +180,7 @@ def test_a_recording_leaves_out_a_set_taken_in_a_slow_phase() -> None:
     processes far from the other sets' median is left out, and said; sets that agree are all kept."""
     from dataclasses import replace
 
-    from fuseguard.verify.latency import pool_runs, record_sets
+    from fuseguard.verify.perf.latency import pool_runs, record_sets
 
     def one_set(norm: float) -> object:
         return replace(pool_runs([_run([norm * 4.0] * 10, [4.0] * 10) for _ in range(3)]))

@@ -1,4 +1,4 @@
-"""The layout step (compiler/layout.py): blocked convs right at tile edges, the layout propagated, a switch.
+"""The layout step (compiler/passes/layout.py): blocked convs right at tile edges, the layout propagated, a switch.
 
 Each case is a conv (+ bias + activation) compiled with the layout step on and off and compared with ONNX
 Runtime; the blocked build must take the blocked rule it was written for, so a case that silently stays NCHW
@@ -13,9 +13,9 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from fuseguard.compiler import layout
-from fuseguard.compiler.hostcpu import detect_host
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.passes import layout
+from fuseguard.compiler.hw.hostcpu import detect_host
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -192,7 +192,7 @@ def test_rank3_constants_keep_the_layout(always_block: None) -> None:
 def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None:
     """The register tile the blocked kernels take: most useful FMAs per load (MLAS's 4 blocks x 3 columns on
     AVX2), a column tail where no divisor fits (13-wide planes), never a channel-block tail (125 blocks: 5)."""
-    from fuseguard.compiler.hostcpu import HostCPU
+    from fuseguard.compiler.hw.hostcpu import HostCPU
     from fuseguard.compiler.schedule.cpu_conv_blocked import BlockedConvInfo, blocked_tiles
 
     avx2 = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx2", "fma"}))
@@ -225,7 +225,7 @@ def test_blocked_conv_tiles_are_load_bound_and_may_leave_a_column_tail() -> None
 def test_blocked_conv_weights_stay_in_l1_and_a_big_input_is_read_once() -> None:
     """A tile's weights past half of L1 are split into input-channel blocks reused by every column tile of a few
     rows; an input past half of L2 is read once by a block of channel tiles (ResNet-50 0.95x of its time, SPR)."""
-    from fuseguard.compiler.hostcpu import HostCPU
+    from fuseguard.compiler.hw.hostcpu import HostCPU
     from fuseguard.compiler.schedule.cpu_conv_blocked import BlockedConvInfo, channel_tile_block, reduction_blocking
 
     spr = HostCPU(mcpu="sapphirerapids", cores=2, features=frozenset({"avx512f", "avx2", "fma"}),
@@ -351,8 +351,8 @@ def test_kernel_taps_that_only_read_padding_are_cut_off(dilation, pads, strides,
     """DropPaddingTaps: a 3x3 conv whose off-centre taps land in the zero padding for every output computes
     what its live taps compute; the result is ONNX Runtime's, fused and unfused, and the kernel left is the
     live taps only."""
-    from fuseguard.compiler.importer import import_model
-    from fuseguard.compiler.passes import DropPaddingTaps, static_dims
+    from fuseguard.compiler.frontend.importer import import_model
+    from fuseguard.compiler.passes.normalize import DropPaddingTaps, static_dims
 
     w = (np.random.default_rng(0).standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
     model, x, ref = _one_conv([1, 16, 14, 14], w, None, False, kernel_shape=[3, 3], strides=list(strides),

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from tvm import relax
 
-from fuseguard.compiler.importer import import_model
-from fuseguard.compiler.legality import convexity_violation
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.frontend.importer import import_model
+from fuseguard.compiler.fusion.legality import convexity_violation
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model, lower
-from fuseguard.compiler.target import resolve
+from fuseguard.compiler.hw.target import resolve
 from fuseguard.suites.dags import Recipe, build_dag
 from fuseguard.suites.strategies import dag_recipes
-from fuseguard.verify.core import verify_model
+from fuseguard.verify.check.model import verify_model
 
 #: e = x + pos; y = LayerNorm(e); z = e + f(y); LayerNorm(z): the pre-LN transformer block that broke
 #: every fused vit_b_16 / GPT-2 / Whisper / Wav2Vec2 build ("Var n71_Add is not defined").

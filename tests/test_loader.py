@@ -1,4 +1,4 @@
-"""compiler.onnx_loader and compiler.importer on hand-made models: --shape parsing, shape pinning
+"""compiler.frontend.loader and compiler.frontend.importer on hand-made models: --shape parsing, shape pinning
 and its defaults, memory refusals, external-data containment, file sniffing, operator checks, and
 the importer's shape-folding retry. No CLI here (tests/test_bad_models.py does that)."""
 
@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuseguard.compiler.errors import ModelError, ShapeError, UnsupportedOperatorError
-from fuseguard.compiler.onnx_loader import (AUTO_OTHER, AUTO_SPATIAL, MAX_PROTOBUF_BYTES, load, load_model,
-                                  parse_shape_spec, pin_shapes)
+from fuseguard.compiler.frontend.loader import (AUTO_OTHER, AUTO_SPATIAL, MAX_PROTOBUF_BYTES, load, load_model,
+                                                parse_shape_spec, pin_shapes)
 
 
 def _vi(name: str, dims, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
@@ -357,7 +357,7 @@ def test_every_unsupported_operator_is_listed_once() -> None:
 
 
 def test_frontend_failure_names_the_node() -> None:
-    from fuseguard.compiler.importer import FrontendError, import_model
+    from fuseguard.compiler.frontend.importer import FrontendError, import_model
 
     model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=1)],
                    [_vi("x", ["n", 8]), _vi("k", [1], TensorProto.INT64)],
@@ -370,9 +370,9 @@ def test_frontend_failure_names_the_node() -> None:
 
 def test_shape_folding_retry_rescues_computed_reshape_targets() -> None:
     """Shape -> Mul -> Reshape: the frontend wants a constant shape; ORT folds it once shapes are pinned."""
-    from fuseguard.compiler.importer import import_model
+    from fuseguard.compiler.frontend.importer import import_model
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
-    from fuseguard.verify.core import run_onnxruntime
+    from fuseguard.verify.check.model import run_onnxruntime
 
     one = numpy_helper.from_array(np.array([1, 1, 1], np.int64), "one")
     nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),

@@ -1,4 +1,4 @@
-"""ONNX's 8-bit floats (compiler/narrow_floats.py) bit for bit against ml_dtypes and ONNX's own helpers."""
+"""ONNX's 8-bit floats (compiler/frontend/converters/narrow_floats.py) bit for bit against ml_dtypes and ONNX's own helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from fuseguard.compiler import narrow_floats as nf
+from fuseguard.compiler.frontend.converters import narrow_floats as nf
 
 
 def _probe(npdt: type) -> np.ndarray:

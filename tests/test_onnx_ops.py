@@ -1,4 +1,4 @@
-"""ONNX operators TVM's frontend has no converter for (compiler/onnx_ops.py), against ONNX's reference
+"""ONNX operators TVM's frontend has no converter for (compiler/frontend/converters/ops.py), against ONNX's reference
 implementation, fused and unfused."""
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def test_matches_the_onnx_reference(name: str, fusion: bool) -> None:
 
 
 def test_a_model_with_one_of_them_is_no_longer_refused_at_load() -> None:
-    """The loader's operator check (compiler/op_support.py) knows fuseguard's own converters."""
-    from fuseguard.compiler.op_support import supported_ops
+    """The loader's operator check (compiler/frontend/op_support.py) knows fuseguard's own converters."""
+    from fuseguard.compiler.frontend.op_support import supported_ops
 
     assert {"RotaryEmbedding", "Swish", "SwiGLU", "Celu", "LpNormalization", "CumProd"} <= supported_ops()
 

@@ -1,4 +1,4 @@
-"""LSTM, GRU and RNN (compiler/onnx_rnn.py) against ONNX Runtime, fused and unfused, with the attributes ONNX's
+"""LSTM, GRU and RNN (compiler/frontend/converters/rnn.py) against ONNX Runtime, fused and unfused, with the attributes ONNX's
 own reference ignores (clip, activations with parameters, sequence_lens, input_forget, linear_before_reset)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where TVM's ONNX converters compute something other than ONNX says (compiler/onnx_semantics.py): each case
+"""Where TVM's ONNX converters compute something other than ONNX says (compiler/frontend/converters/semantics.py): each case
 against ONNX's reference, fused and unfused, on the inputs that exposed it (the node conformance suite's)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ CASES: dict[str, tuple[Any, dict[str, np.ndarray]]] = {
         _model([helper.make_node("ReduceProd", ["x", "axes"], ["y"], keepdims=0)],
                [("x", I32, [2, 0, 4])], [("y", I32, [2, 4])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),
         {"x": np.zeros((2, 0, 4), np.int32)}),
-    # from the legalisation of every reduction (compiler/legalize_fixes.py), not from a Reduce* converter
+    # from the legalisation of every reduction (compiler/passes/legalize_fixes.py), not from a Reduce* converter
     "reduce_log_sum_exp_over_an_empty_axis": (
         _model([helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=0)],
                [("x", F, [3, 0])], [("y", F, [3])], (helper.make_tensor("axes", I64, [1], [1]),), opset=20),

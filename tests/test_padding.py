@@ -1,4 +1,4 @@
-"""Channel padding before the layout step (compiler/padding.py): convs whose channels are not whole blocks padded
+"""Channel padding before the layout step (compiler/passes/padding.py): convs whose channels are not whole blocks padded
 with zero filters, the padding carried through per-channel ops, exact, and dropped where it cannot be carried."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuseguard.compiler import layout
-from fuseguard.compiler.onnx_loader import load
-from fuseguard.compiler.padding import padded_channels
+from fuseguard.compiler.passes import layout
+from fuseguard.compiler.frontend.loader import load
+from fuseguard.compiler.passes.padding import padded_channels
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 RTOL, ATOL = 1e-4, 1e-4

@@ -14,7 +14,7 @@ def build(name: str, **opts):
 
 
 def test_attention_becomes_the_tiled_kernel_and_matches() -> None:
-    from fuseguard.verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.check.model import SuiteSpec, verify_model
 
     verdict = verify_model(SuiteSpec("bert_encoder", (("seq", 16),)))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
@@ -94,7 +94,7 @@ def test_unschedulable_fused_group_is_vetoed(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("seq", [512, 2048])
 def test_attention_kernel_matches_onnxruntime_at_long_sequences(seq: int) -> None:
-    from fuseguard.verify.core import SuiteSpec, verify_model
+    from fuseguard.verify.check.model import SuiteSpec, verify_model
 
     verdict = verify_model(SuiteSpec("attention_masked", (("batch", 1), ("seq", seq))))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
@@ -160,7 +160,7 @@ def test_attention_takes_a_scale_per_head_query_or_key(shape: tuple[int, ...]) -
     onto Q (per key: onto K^T) and the group becomes the tiled kernel, with ONNX Runtime's result."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     scale = np.random.default_rng(0).uniform(0.05, 0.5, size=shape)
     verdict = verify_model(_attention_onnx(scale=scale, mask=True))
@@ -177,7 +177,7 @@ def test_attention_the_tiled_kernel_refuses_is_lowered_unfused(shape: tuple[int,
     result is ONNX Runtime's."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     scale = np.random.default_rng(0).uniform(0.05, 0.5, size=shape)
     verdict = verify_model(_attention_onnx(scale=scale))
@@ -192,7 +192,7 @@ def test_attention_with_a_position_bias_and_a_mask() -> None:
     """T5 adds a position bias and then the padding mask to unscaled scores: two additive masks, one kernel."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     bias = np.random.default_rng(1).normal(size=(1, 4, 49, 49))
     verdict = verify_model(_attention_onnx(bias=bias, mask=True))
@@ -206,7 +206,7 @@ def test_attention_with_swins_shifted_window_mask() -> None:
     fold away (FoldReshapedAdd) and the block is one attention kernel, as the unshifted blocks are."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     rng = np.random.default_rng(2)
     shift = np.where(rng.random((1, 4, 1, 49, 49)) < 0.4, -100.0, 0.0)
@@ -224,7 +224,7 @@ def test_attention_masked_by_a_select(form: str) -> None:
     kernel. A fill of -1e9 is not absorbed exactly: that select stays, and so does the result."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     lowest = float(np.finfo(np.float32).min)
     verdict = verify_model(_attention_onnx(mask=True, **{form: lowest}))
@@ -239,7 +239,7 @@ def test_attention_with_a_wider_value_head() -> None:
     """LeViT's values are 4x its keys' head size: the CPU kernel takes V's own head size."""
     import numpy as np
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     verdict = verify_model(_attention_onnx(dim=16, value_dim=64, scale=np.float32(0.25), mask=True))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
@@ -249,7 +249,7 @@ def test_attention_with_a_wider_value_head() -> None:
 def test_rank3_attention_is_reported_with_its_nodes() -> None:
     """[batch * heads, seq, dim] attention (WavLM's export) runs the 4-D kernel between a reshape and a squeeze;
     the report still names the group and its ONNX nodes (it showed a nameless "single op" before)."""
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     verdict = verify_model(_attention_onnx(rank=3, mask=True))
     assert verdict.status == "PASS", verdict.fused.compare.summary()
@@ -266,7 +266,7 @@ def test_attention_scored_with_heads_flattened_into_the_batch() -> None:
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.verify.core import verify_model
+    from fuseguard.verify.check.model import verify_model
 
     b, h, s, d = 1, 4, 33, 16
     f32 = TensorProto.FLOAT
@@ -290,8 +290,8 @@ def test_attention_scored_with_heads_flattened_into_the_batch() -> None:
 
 
 def test_the_cpu_estimate_moves_a_tensor_at_the_rate_of_the_cache_it_fits() -> None:
-    from fuseguard.compiler.cost import bandwidth_gbs, traffic_us
-    from fuseguard.compiler.hardware import MiB, for_target, host_cpu
+    from fuseguard.compiler.fusion.cost import bandwidth_gbs, traffic_us
+    from fuseguard.compiler.hw.hardware import MiB, for_target, host_cpu
 
     hw = host_cpu("generic")
     small, large = 64 * 1024, 4 * hw.l3_bytes
@@ -316,7 +316,7 @@ def test_a_decomposition_is_charged_the_passes_its_full_size_intermediates_make(
     """A recognised LayerNorm saves nine passes over its input's size (the centred input written and read
     twice, its square, the normalised and scaled tensors: the means, eps and the square root hold one value
     a row), not two for each of its nine nodes; RMSNorm four."""
-    from fuseguard.compiler.cost import FULL_SIZE_PASSES
+    from fuseguard.compiler.fusion.cost import FULL_SIZE_PASSES
 
     b = build("softmax_layernorm")
     (ln,) = [d for d in b.report.decisions if d.pattern == "layernorm" and d.fused][:1]
@@ -330,8 +330,8 @@ def test_a_decompositions_row_sized_nodes_cost_a_call_not_a_kernel_launch(monkey
     """LayerNorm's means, eps added and square root write a value a row: unfused, each costs the VM's call
     (`Hardware.small_kernel_us`), not a full kernel's launch; counted as launches, LLaMA-tiny's RMSNorm groups
     were predicted level with its gated-MLP and attention groups, which save two to three times as much."""
-    from fuseguard.compiler import cost
-    from fuseguard.compiler.hardware import host_cpu
+    from fuseguard.compiler.fusion import cost
+    from fuseguard.compiler.hw.hardware import host_cpu
 
     def layernorm_us() -> float:
         b = build("softmax_layernorm")
@@ -364,8 +364,8 @@ def test_an_intermediate_read_by_a_serial_kernel_moves_at_one_cores_rate() -> No
     """Unfused, a ReLU under the scheduler's parallel thresholds runs on one core and reads the conv's output
     from the cache of the core that wrote it (`Hardware.cross_core_gbs`): ResNet-18's such ReLUs took 5-53 us
     where all cores' L2 rate predicted 2-12. A ReLU over 2 MiB or more runs in parallel and keeps that rate."""
-    from fuseguard.compiler.cost import runs_serial, traffic_us
-    from fuseguard.compiler.hardware import for_target
+    from fuseguard.compiler.fusion.cost import runs_serial, traffic_us
+    from fuseguard.compiler.hw.hardware import for_target
     from fuseguard.compiler.schedule.cpu import PARALLEL_MIN_BYTES
 
     def conv_relu_decision(channels: int, size: int):

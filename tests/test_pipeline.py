@@ -9,8 +9,8 @@ from fuseguard.compiler import patterns
 from fuseguard.compiler.errors import UsageError
 from fuseguard.compiler.pipeline import CompileOptions, compile_model, register_pass, unregister_pass
 from fuseguard.suites.models import get_model
-from fuseguard.verify.core import run_onnxruntime
-from fuseguard.verify.inputs import make_inputs
+from fuseguard.verify.check.model import run_onnxruntime
+from fuseguard.verify.check.inputs import make_inputs
 
 NO_SCHED = CompileOptions(schedule=False)
 
@@ -83,7 +83,7 @@ def test_fused_matches_onnxruntime() -> None:
     m = get_model("conv_bn_relu")
     model = m.make({}, seed=1)
     build = compile_model(model, options=NO_SCHED)
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
 
     loaded = load(model)
     inputs = make_inputs(loaded.model, loaded.input_shapes, seed=1)
@@ -148,9 +148,9 @@ def test_normalising_rewrites_keep_provenance() -> None:
     from onnx import TensorProto, helper, numpy_helper
     from tvm import relax
 
-    from fuseguard.compiler.importer import import_model, provenance_of
-    from fuseguard.compiler.onnx_loader import load
-    from fuseguard.compiler.passes import ExpandSmallPowers, NormalizeFlattenedGemm
+    from fuseguard.compiler.frontend.importer import import_model, provenance_of
+    from fuseguard.compiler.frontend.loader import load
+    from fuseguard.compiler.passes.normalize import ExpandSmallPowers, NormalizeFlattenedGemm
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")
@@ -192,7 +192,7 @@ def test_fractional_powers_become_square_roots_and_match_powf(exponent: float) -
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     rng = np.random.default_rng(0)
@@ -240,7 +240,7 @@ def _scan_sort_model() -> "onnx.ModelProto":
 def test_scans_and_sorts_build_and_match(fusion: bool) -> None:
     """CumSum and TopK reach their TE kernels through TVM's dispatchers (a RoBERTa export failed codegen on an
     unlowered R.cumsum) and agree with ONNX Runtime."""
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
 
     model = _scan_sort_model()
     rng = np.random.default_rng(0)
@@ -262,7 +262,7 @@ def test_conv1d_runs_as_conv2d_and_matches(case: dict) -> None:
     """Conv1d (+bias, GELU by Erf) becomes a height-1 conv2d: no CPU rule scheduled conv1d (Wav2Vec2 30x ORT)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
 
     rng = np.random.default_rng(0)
     length = 97
@@ -287,8 +287,8 @@ def test_conv1d_runs_as_conv2d_and_matches(case: dict) -> None:
 
 def test_verify_imports_the_model_once_for_both_builds(monkeypatch) -> None:
     """Fused and unfused start from one Relax import (each gets its own copy of the module)."""
-    import fuseguard.compiler.importer as importer
-    from fuseguard.verify.core import SuiteSpec, verify_model
+    import fuseguard.compiler.frontend.importer as importer
+    from fuseguard.verify.check.model import SuiteSpec, verify_model
 
     monkeypatch.setenv("FUSEGUARD_NO_CACHE", "1")
     calls = []

@@ -16,11 +16,12 @@ from tvm import relax
 
 from fuseguard.compiler.errors import UsageError
 from fuseguard.compiler.pipeline import CompileOptions
-from fuseguard.compiler.precision import dtype_census, to_precision
-from fuseguard.verify.core import SuiteSpec, run_onnxruntime, verify_model
+from fuseguard.compiler.passes.precision import dtype_census, to_precision
+from fuseguard.verify.check.model import SuiteSpec, run_onnxruntime, verify_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantised import quantised as _quantised  # noqa: E402
-from fuseguard.verify.precision import Fp64Check, check_against_fp64, fp64_reference, loose_tolerances, to_float64
+from fuseguard.verify.check.precision import (Fp64Check, check_against_fp64, fp64_reference, loose_tolerances,
+                                              to_float64)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOWP_ACCUMULATE = ROOT / "tests" / "plugins" / "lowp_accumulate.py"
@@ -162,8 +163,8 @@ def test_bisect_in_reduced_precision_names_the_group_more_wrong_than_its_parts(t
 
 @pytest.mark.parametrize("name", ["conv_bn_relu", "mlp_gelu"])
 def test_int8_qdq_models_verify_within_two_quantisation_steps(tmp_path: Path, name: str) -> None:
-    from fuseguard.verify.compare import compare_outputs
-    from fuseguard.verify.precision import is_qdq, output_steps, qdq_tolerances
+    from fuseguard.verify.check.compare import compare_outputs
+    from fuseguard.verify.check.precision import is_qdq, output_steps, qdq_tolerances
 
     path = _quantised(tmp_path, name)
     model = onnx.load(path)

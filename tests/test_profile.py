@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fuseguard.verify.profile import SiteTime, group_parts, profile_model
+from fuseguard.verify.perf.profile import SiteTime, group_parts, profile_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_parts_are_the_unfused_kernels_of_the_same_nodes() -> None:
 def test_each_kernel_call_costs_the_vm_its_call_and_a_view_costs_nothing() -> None:
     """A fused group saves the VM's cost of every call it removes (0.2-0.3 us: as large as the whole saving
     of a small Add + LayerNorm group, which the hook and replay both miss); a part that became a view is no call."""
-    from fuseguard.verify.profile import ProfileResult, measure_call_us
+    from fuseguard.verify.perf.profile import ProfileResult, measure_call_us
 
     def called(kernel: str, nodes: list[str], us: float) -> SiteTime:
         return SiteTime(kernel=kernel, pattern="layernorm", nodes=nodes, us=us, bytes=0, flops=0,
@@ -74,7 +74,7 @@ def test_an_unfused_kernel_spanning_two_groups_is_not_counted_twice() -> None:
 
 
 def test_profile_of_a_suite_model() -> None:
-    from fuseguard.verify.core import SuiteSpec
+    from fuseguard.verify.check.model import SuiteSpec
 
     result = profile_model(SuiteSpec("mlp_gelu", (("batch", 1), ("seq", 16))), repeats=5)
     assert result.fused and result.unfused and result.peak_gflops > 0
@@ -110,9 +110,9 @@ def test_profile_cli_writes_json(tmp_path: Path) -> None:
 def test_identical_kernel_calls_keep_their_own_nodes() -> None:
     """bert_tiny's two attention layers share one hand-written kernel: each call still names its own
     layer's ONNX nodes (both had claimed the last layer's, so a profile paired only one with its parts)."""
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
-    from fuseguard.verify.core import resolve_model_arg
+    from fuseguard.verify.check.model import resolve_model_arg
 
     spec = resolve_model_arg("bert_tiny")
     built = compile_model(load(spec.build(), None, name="bert_tiny"), options=CompileOptions())
@@ -166,8 +166,8 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
         assert cli.main([command, "mlp_gelu"]) == 0
         assert "TVM_THREAD_POOL_SPIN_COUNT" not in seen[command], command
         assert seen[command]["TVM_NUM_THREADS"]
-    from fuseguard.verify import timing
-    from fuseguard.verify.timing import timing_env
+    from fuseguard.verify.perf import timing
+    from fuseguard.verify.perf.timing import timing_env
 
     assert timing_env(2)["TVM_THREAD_POOL_SPIN_COUNT"] == "0"
     assert timing_env(2, pools="brief")["TVM_THREAD_POOL_SPIN_COUNT"] == str(timing.BRIEF_TVM_SPIN_COUNT)
@@ -179,7 +179,7 @@ def test_groups_too_short_for_the_hook_are_replayed_whole() -> None:
     part; a long group is not, even with a short part (ResNet-18's 800 us convs had been replayed for theirs).
     A group read as 0 us is wanted too: a kernel under the hook's own cost reads 0 (a view, never called, simply
     gets no replay time and stays as read)."""
-    from fuseguard.verify.profile import HOOK_ERROR_US, RESOLUTION, replay_wanted
+    from fuseguard.verify.perf.profile import HOOK_ERROR_US, RESOLUTION, replay_wanted
 
     long_us = 10 * HOOK_ERROR_US / RESOLUTION
     fused = [_site("f_ln", ["add", "ln"], 1.0), _site("f_conv", ["conv", "relu"], long_us),
@@ -206,7 +206,7 @@ def test_a_group_reads_replays_only_when_all_its_kernels_have_one() -> None:
 def test_a_page_is_cold_once_more_distinct_bytes_than_the_caches_hold_were_touched_since() -> None:
     """Four pages of cache: a tensor read again after one 2-page tensor is warm, after an 8-page one cold; a
     tensor never touched before is cold; a view at an offset shares its storage's pages."""
-    from fuseguard.verify.profile import cold_bytes_per_call
+    from fuseguard.verify.perf.profile import cold_bytes_per_call
 
     page, a, b, c = 4096, 0x10000, 0x20000, 0x30000
     calls = [[(a, 2 * page)], [(b, 2 * page)], [(a, 2 * page)], [(c, 8 * page)], [(a, 2 * page), (b, page)],
@@ -219,7 +219,7 @@ def test_a_page_is_cold_once_more_distinct_bytes_than_the_caches_hold_were_touch
 def test_a_groups_intermediates_are_not_its_boundary() -> None:
     """An unfused part's output that a later part reads (an unfused attention's scores) is left out: its being
     cold is part of what fusing saves, not of where the plans put the group's inputs and output."""
-    from fuseguard.verify.profile import boundary_cold
+    from fuseguard.verify.perf.profile import boundary_cold
 
     x, w, mid, out = (0x1000, 64, 10), (0x2000, 64, 20), (0x3000, 64, 40), (0x4000, 64, 80)
     assert boundary_cold([[x, w, mid], [mid, out]]) == [30, 80]
@@ -231,7 +231,7 @@ def test_a_group_the_memory_plans_leave_cold_apart_is_replayed() -> None:
     """MobileNet-V2 (SPR class): a depthwise group whose fused kernel wrote 1.8 MB into a storage first touched
     at its call read 40 us slower than its parts; where the parts had the cold storage, 70-105 us faster than
     predicted. Such a group is replayed (both sides hot) and marked; equal cold bytes leave it in the model run."""
-    from fuseguard.verify.profile import HOOK_ERROR_US, RESOLUTION, plan_bound, replay_wanted
+    from fuseguard.verify.perf.profile import HOOK_ERROR_US, RESOLUTION, plan_bound, replay_wanted
 
     long_us = 10 * HOOK_ERROR_US / RESOLUTION
     fused = [_site("f_dw", ["dw", "add", "clip"], long_us), _site("f_pw", ["pw", "add2"], long_us)]
@@ -252,8 +252,8 @@ def test_a_trace_finds_cold_memory_only_beyond_the_caches(tmp_path: Path) -> Non
     import numpy as np
 
     from fuseguard.compiler.pipeline import compile_model
-    from fuseguard.verify.core import load_with_inputs
-    from fuseguard.verify.profile import TRACE_PAGE, trace_cold_bytes
+    from fuseguard.verify.check.model import load_with_inputs
+    from fuseguard.verify.perf.profile import TRACE_PAGE, trace_cold_bytes
 
     path = _ln_model(tmp_path)
     loaded, inputs = load_with_inputs(str(path), None)
@@ -290,7 +290,7 @@ def test_a_loss_counts_only_beyond_the_noise_of_the_paired_rounds() -> None:
     rounds separates a real loss from noise; a replayed group (no rounds) needs RESOLUTION."""
     import numpy as np
 
-    from fuseguard.verify.profile import ProfileResult
+    from fuseguard.verify.perf.profile import ProfileResult
 
     rng = np.random.default_rng(3)
 

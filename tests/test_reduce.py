@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from fuseguard.verify.reduce import Graph, reduce_nodes, signature_of
+from fuseguard.verify.debug.reduce import Graph, reduce_nodes, signature_of
 
 ROOT = Path(__file__).resolve().parent.parent
 ERF = ROOT / "tests" / "plugins" / "erf_breaks_fusion.py"

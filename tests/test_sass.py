@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from fuseguard.compiler import gpu_cost, sass
+from fuseguard.compiler.cuda import cost as gpu_cost, sass
 from fuseguard.compiler.errors import CompileError
-from fuseguard.compiler.hardware import GPU_TABLE
+from fuseguard.compiler.hw.hardware import GPU_TABLE
 from fuseguard.compiler.kernels.attention import choose_tiles, cuda_tile_budget
-from fuseguard.compiler.occupancy import launch_problems, occupancy
+from fuseguard.compiler.cuda.occupancy import launch_problems, occupancy
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 from fuseguard.suites.models import build_pattern_gemm_gelu, get_model
 
@@ -154,7 +154,7 @@ def test_provenance_tags_are_identifiers() -> None:
     """Tags become kernel parameter names: a merged tag with '+' broke GPT-2's and LLaMA's CUDA."""
     import re
 
-    from fuseguard.compiler import tags
+    from fuseguard.compiler.ir import tags
 
     merged = tags.merged(["n43_MatMul", "n44x45_Add", "lv"], "Matmul")
     assert merged == "n43x44x45_Matmul" and re.fullmatch(r"[A-Za-z_]\w*", merged)
@@ -263,7 +263,7 @@ def test_grouped_conv_as_batched_gemm_computes_the_conv(shape, groups, stride, p
     import tvm
     from tvm import te
 
-    from fuseguard.compiler.gpu_legalize import _grouped_conv2d_te
+    from fuseguard.compiler.cuda.legalize import _grouped_conv2d_te
 
     rng = np.random.default_rng(0)
     c = shape[1]
@@ -293,7 +293,7 @@ def test_grouped_convs_get_gemm_schedules() -> None:
 def test_reference_provider_follows_the_device() -> None:
     import onnxruntime as ort
 
-    from fuseguard.verify.core import reference_providers
+    from fuseguard.verify.check.model import reference_providers
 
     assert reference_providers(False) == ["CPUExecutionProvider"]
     want = "CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers() else "CPUExecutionProvider"
@@ -306,7 +306,7 @@ def test_cuda_jit_callback_compiles_what_the_check_compiled(monkeypatch: pytest.
     fuseguard's callback returns a cubin built by the checked nvcc for the device's architecture."""
     import tvm_ffi
 
-    from fuseguard.compiler import cuda_jit
+    from fuseguard.compiler.cuda import jit as cuda_jit
 
     monkeypatch.setenv("FUSEGUARD_CUDA_ARCH", "sm_90")
     build = compile_model(get_model("mlp_gelu").make({}, seed=0), options=CompileOptions(gpu_arch="sm_90", sass="off"))

@@ -14,7 +14,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from fuseguard.compiler.hostcpu import MCPU_ENV, HostCPU, detect_host, host_from_target, host_target, mcpu_from_cpuinfo
+from fuseguard.compiler.hw.hostcpu import (MCPU_ENV, HostCPU, detect_host, host_from_target, host_target,
+                                           mcpu_from_cpuinfo)
 from fuseguard.compiler.schedule import approx, workloads
 from fuseguard.compiler.schedule.cpu import (
     SCHEDULE_ATTR,
@@ -47,7 +48,7 @@ PINNED_HOST = HostCPU(mcpu="znver3", cores=2, features=frozenset({"avx", "avx2",
 @pytest.fixture
 def pinned_target(monkeypatch: pytest.MonkeyPatch) -> tvm.target.Target:
     """A Zen3 target whose schedules see PINNED_HOST's caches (the host must run AVX2)."""
-    import fuseguard.compiler.hostcpu as hostcpu
+    import fuseguard.compiler.hw.hostcpu as hostcpu
 
     if not {"avx2", "fma"} <= detect_host().features:
         pytest.skip("the pinned Zen3 profile's AVX2 code cannot run on this host")
@@ -474,7 +475,7 @@ def test_a_keepdims_reduction_takes_the_vector_row_rule_without_recomputing() ->
     3.5 ms, ORT 1.4 ms; now 0.55 ms, Zen3). Matches ORT."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     rng = np.random.default_rng(0)
@@ -772,7 +773,7 @@ def test_symbolic_kernels_go_parallel_only_when_the_call_has_the_work(target: tv
                                         ("haswell", 16)])
 def test_cost_model_vector_registers_follow_the_isa(mcpu: str, regs: int) -> None:
     """The cost model's table row asks LLVM for the ISA as the schedules do (a name list had missed znver5)."""
-    from fuseguard.compiler.hardware import host_cpu
+    from fuseguard.compiler.hw.hardware import host_cpu
 
     assert host_cpu(mcpu).vector_regs == regs
 
@@ -851,7 +852,7 @@ def test_a_layernorm_that_also_outputs_its_residual_sum_keeps_the_vector_rule() 
     LayerNorm: 2.5x slower than its unfused parts, Zen3). Both outputs match ORT."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from fuseguard.compiler.onnx_loader import load
+    from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
     rng = np.random.default_rng(0)

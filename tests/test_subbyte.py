@@ -1,4 +1,4 @@
-"""4- and 2-bit types held one per byte (compiler/subbyte.py): casts and QDQ against ONNX's reference, fused and
+"""4- and 2-bit types held one per byte (compiler/frontend/converters/subbyte.py): casts and QDQ against ONNX's reference, fused and
 unfused, the ONNX types restored at the edge, and through the build cache."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 from fuseguard.compiler import cache as build_cache
 from fuseguard.compiler.errors import ModelError
-from fuseguard.compiler.onnx_loader import load
+from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
 F = TensorProto.FLOAT

@@ -241,7 +241,7 @@ def test_a_timing_worker_keeps_torch_out_of_its_start() -> None:
     """tvm_ffi imports torch whenever it is installed (2.1 s of a fresh process's 3.4 s `import tvm`, SPR
     class): a timing worker starts tvm without it, and a later `import torch` (a plugin's) still works; other
     workers are left alone. Where torch is not installed there is nothing to tell apart."""
-    from fuseguard.verify.timing import timing_env
+    from fuseguard.verify.perf.timing import timing_env
 
     with Worker(sys_path=[TESTS_DIR], env=timing_env(2)) as w:
         timing = w.call("worker_tasks:torch_after_importing_tvm", what="importing tvm")

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--seed", type=int, default=0, help="seed of the verification inputs (default 0)")
 
     from .options import non_negative_float, percentage, positive_int
-    from .timing import SAMPLE_BUDGET_S, THREAD_POOLS
+    from .perf.timing import SAMPLE_BUDGET_S, THREAD_POOLS
 
     b = sub.add_parser("bench", help="time TVM fused / unfused against ONNX Runtime (a benchmark, not a test)")
     b.add_argument("models", nargs="*", metavar="MODEL", help="ONNX files or suite model names (none: the suite)")
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("patterns", help="list the fusion patterns")
     sub.add_parser("env", help="the environment variables fuseguard reads, with the values this shell sets "
                                "and the host it detects")
-    from .bisect import add_bisect_parser
+    from .debug.bisect import add_bisect_parser
 
     add_bisect_parser(sub)
     return parser
@@ -214,10 +214,10 @@ def _options(args: argparse.Namespace):
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
     from fuseguard.compiler.plugins import env_for, load_plugins
 
-    from .core import SuiteSpec
+    from .check.model import SuiteSpec
     from .worker import Worker
 
     load_plugins(args.plugin)
@@ -229,7 +229,7 @@ def _compile(args: argparse.Namespace) -> int:
         for source in sources:
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             out = Path(args.out) if len(sources) == 1 else Path(args.out) / Path(label).stem
-            done = _call_one(args, worker, "fuseguard.verify.artifact:write_artifact", label, f"compiling {label} for release",
+            done = _call_one(args, worker, "fuseguard.verify.check.artifact:write_artifact", label, f"compiling {label} for release",
                              source=source, out_dir=str(out), options=options, seed=args.seed,
                              shapes=shapes if not isinstance(source, SuiteSpec) else None)
             if done is _FAILED:
@@ -244,13 +244,13 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _verify_artifacts(args: argparse.Namespace) -> int:
-    from .artifact import ArtifactVerdict
+    from .check.artifact import ArtifactVerdict
     from .worker import Worker
 
     args.worst = EXIT_OK
     with Worker(sys_path=[str(Path.cwd())], forward_output=args.debug) as worker:
         for directory in args.artifact:
-            d = _call_one(args, worker, "fuseguard.verify.artifact:verify_artifact", directory, f"re-verifying {directory}",
+            d = _call_one(args, worker, "fuseguard.verify.check.artifact:verify_artifact", directory, f"re-verifying {directory}",
                           directory=directory)
             if d is _FAILED:
                 continue
@@ -268,10 +268,10 @@ def _verify(args: argparse.Namespace) -> int:
     if args.artifact:
         return _verify_artifacts(args)
 
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
 
-    from .compare import Tolerance
-    from .core import SuiteSpec, verify_in_worker
+    from .check.compare import Tolerance
+    from .check.model import SuiteSpec, verify_in_worker
     from .worker import Worker, WorkerFailure, WorkerTaskError
 
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
@@ -325,8 +325,8 @@ def _verify(args: argparse.Namespace) -> int:
                           seed=args.seed, inputs_file=args.inputs, tolerances=tolerances, per_output=per_output,
                           default_dim=args.default_dim)
             try:
-                if options.dynamic:     # one symbolic build pair, many drawn sizes (verify/dynamic.py)
-                    from .dynamic import verify_dynamic_in_worker
+                if options.dynamic:     # one symbolic build pair, many drawn sizes (verify/check/dynamic.py)
+                    from .check.dynamic import verify_dynamic_in_worker
 
                     verdict = verify_dynamic_in_worker(source, timeout=args.timeout, worker=worker,
                                                        draws=args.draws, **kwargs)
@@ -383,10 +383,10 @@ def _profile_verified(args: argparse.Namespace, sources: Sequence[Any], results:
     worker of its own with the profile's thread settings; a model that fails to profile says so in one line
     and keeps its verdict (profiling is information, not a check)."""
     from fuseguard.compiler.plugins import env_for
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
 
-    from .core import SuiteSpec
-    from .timing import timing_env
+    from .check.model import SuiteSpec
+    from .perf.timing import timing_env
     from .worker import Worker
 
     threads = host_cores()
@@ -397,7 +397,7 @@ def _profile_verified(args: argparse.Namespace, sources: Sequence[Any], results:
             if result.get("status") not in ("PASS", "FAIL"):
                 continue
             print(f"fuseguard: profiling {result['model']}", file=sys.stderr, flush=True)
-            profile = _call_one(args, worker, "fuseguard.verify.profile:profile_model", result["model"],
+            profile = _call_one(args, worker, "fuseguard.verify.perf.profile:profile_model", result["model"],
                                 f"profiling {result['model']}", source=source,
                                 shapes=None if isinstance(source, SuiteSpec) else result.get("input_shapes"),
                                 options=options, threads=threads, seed=result.get("seed") or 0)
@@ -436,7 +436,7 @@ def _report_verdict(verdict, label: str, source: Any, results: list, console, ar
                 print(f"fuseguard: mismatch: {label} ({build.config} vs ONNX Runtime): "
                       f"{build.compare.summary()}", file=sys.stderr)
     if args.report and verdict.fused.report:
-        from fuseguard.compiler.sass import SassReport
+        from fuseguard.compiler.cuda.sass import SassReport
 
         rep = verdict.fused.report
         console.print(rep.render())
@@ -489,7 +489,7 @@ def _print_table(console, rows: list[tuple[str, ...]], options) -> None:
 def _sources(args: argparse.Namespace) -> list[Any]:
     from fuseguard.suites.models import suite_models, zoo_models
 
-    from .core import dim_overrides, resolve_model_arg
+    from .check.model import dim_overrides, resolve_model_arg
 
     dims, seed = dim_overrides(args.dim), getattr(args, "seed", None)
     names = args.models or [m.name for m in suite_models(include_slow=not args.quick)] + \
@@ -500,12 +500,12 @@ def _sources(args: argparse.Namespace) -> list[Any]:
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
     from fuseguard.compiler.plugins import env_for, load_plugins
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
 
-    from .bench import render
-    from .core import SuiteSpec
+    from .perf.bench import render
+    from .check.model import SuiteSpec
     from .worker import Worker, WorkerFailure, WorkerTaskError
 
     load_plugins(args.plugin)
@@ -522,7 +522,7 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_cliff(args, options, threads, shapes)
     if args.buckets:
         raise UsageError("--buckets pads sizes of a symbolic build: give --dynamic NAME too")
-    from .timing import DEFAULT_POOLS, timing_env
+    from .perf.timing import DEFAULT_POOLS, timing_env
 
     args.thread_pools = args.thread_pools or DEFAULT_POOLS
     deployed = args.thread_pools == "deployed"
@@ -531,7 +531,7 @@ def _bench(args: argparse.Namespace) -> int:
     results, worst = [], EXIT_OK
     import tempfile
 
-    from .bench import MAX_PROCESSES, aggregate, needs_more, set_aside_note, unresolved_note
+    from .perf.bench import MAX_PROCESSES, aggregate, needs_more, set_aside_note, unresolved_note
     from .progress import Progress
 
     target = args.halfwidth / 100 if args.halfwidth else None
@@ -559,7 +559,7 @@ def _bench(args: argparse.Namespace) -> int:
         for i, source in enumerate(sources):      # every build first: the timing below never waits on a compile
             progress.start(i + 1, labels[i])
             try:
-                metas[i] = worker.call("fuseguard.verify.bench:prepare_bench",
+                metas[i] = worker.call("fuseguard.verify.perf.bench:prepare_bench",
                                        what=f"compiling {labels[i]} for bench", timeout=args.timeout, source=source,
                                        directory=str(Path(tmp) / str(i)),
                                        shapes=shapes if not isinstance(source, SuiteSpec) else None, options=options)
@@ -582,7 +582,7 @@ def _bench(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 try:
                     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as timer:
-                        runs[i].append(timer.call("fuseguard.verify.bench:time_prepared",
+                        runs[i].append(timer.call("fuseguard.verify.perf.bench:time_prepared",
                                                   what=f"timing {labels[i]} ({have + 1})", timeout=args.timeout,
                                                   directory=str(Path(tmp) / str(i)), threads=threads,
                                                   repeats=args.repeats, thread_pools=args.thread_pools,
@@ -636,9 +636,9 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
 
     from fuseguard.compiler.plugins import env_for
 
-    from .core import SuiteSpec
+    from .check.model import SuiteSpec
     from .progress import Progress
-    from .timing import timing_env
+    from .perf.timing import timing_env
     from .worker import Worker
 
     dynamic = {d.name for d in options.dynamic}
@@ -657,7 +657,7 @@ def _bench_cliff(args: argparse.Namespace, options: Any, threads: int, shapes: d
         for i, source in enumerate(sources):
             label = source.label if isinstance(source, SuiteSpec) else str(source)
             progress.start(i + 1, label)
-            result = _call_one(args, worker, "fuseguard.verify.cliff:bench_cliff", label, f"timing {label} dynamic vs static",
+            result = _call_one(args, worker, "fuseguard.verify.perf.cliff:bench_cliff", label, f"timing {label} dynamic vs static",
                                source=source, options=options, sizes=sizes, threads=threads, repeats=args.repeats,
                                buckets=buckets, shapes=shapes if not isinstance(source, SuiteSpec) else None)
             if result is _FAILED:
@@ -688,8 +688,8 @@ def _dim_sizes(item: str, dynamic: set[str], flag: str, *, name_optional: bool =
 def _baseline(args: argparse.Namespace) -> int:
     from fuseguard.compiler.plugins import env_for, load_plugins
 
-    from .baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
-    from .latency import BASELINE_DIR, PROCESSES, baseline_path, gate_model
+    from .perf.baselines import from_pytest_benchmark, load_baselines, record, to_pytest_benchmark
+    from .perf.latency import BASELINE_DIR, PROCESSES, baseline_path, gate_model
     from .worker import Worker, WorkerFailure
 
     load_plugins(args.plugin)
@@ -706,7 +706,7 @@ def _baseline(args: argparse.Namespace) -> int:
     if args.action == "history":
         from rich.console import Console
 
-        from .history import baseline_history, plot, render_table
+        from .perf.history import baseline_history, plot, render_table
 
         names = [Path(m).stem if m.endswith(".onnx") else m for m in args.models]
         points = baseline_history(path, names)
@@ -728,7 +728,7 @@ def _baseline(args: argparse.Namespace) -> int:
                 record(path, key, entry)
             print(f"recorded {len(entries)} entries from {args.pytest_benchmark} into {path}")
         return EXIT_OK
-    from .gate import Gate, load_gate_config
+    from .perf.gate import Gate, load_gate_config
 
     gate = Gate.from_config(load_gate_config(None, path.parent))
     if not args.models:
@@ -738,7 +738,7 @@ def _baseline(args: argparse.Namespace) -> int:
     else:
         sources = _sources(args)
     worst = EXIT_OK
-    from .timing import timing_env
+    from .perf.timing import timing_env
 
     env = {**env_for(args.plugin), **timing_env()}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
@@ -785,7 +785,7 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
                 **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """Run `task` in `worker` for every MODEL argument; yield (source, result) for the ones that ran and
     report the others in one line each (the exit code lands in `args.worst`)."""
-    from .core import SuiteSpec
+    from .check.model import SuiteSpec
 
     for source in _sources(args):
         label = source.label if isinstance(source, SuiteSpec) else str(source)
@@ -798,13 +798,13 @@ def _each_model(args: argparse.Namespace, worker: Any, task: str, verb: str,
 def _reduce(args: argparse.Namespace) -> int:
     from fuseguard.compiler.plugins import env_for, load_plugins
 
-    from .reduce import reduce_model
+    from .debug.reduce import reduce_model
     from .worker import Worker
 
     load_plugins(args.plugin)
     options = _options(args)
     (source,) = _sources(args)
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
 
     shapes = dict(parse_shape_spec(s) for s in args.shape)
     with Worker(sys_path=[str(Path.cwd())], env=env_for(args.plugin), forward_output=args.debug) as worker:
@@ -821,9 +821,9 @@ def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fuseguard.compiler.plugins import env_for, load_plugins
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
 
-    from .timing import timing_env
+    from .perf.timing import timing_env
     from .worker import Worker
 
     load_plugins(args.plugin)
@@ -835,7 +835,7 @@ def _profile(args: argparse.Namespace) -> int:
     results, args.worst = [], EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for _, result in _each_model(args, worker, "fuseguard.verify.profile:profile_model", "profiling", options=options,
+        for _, result in _each_model(args, worker, "fuseguard.verify.perf.profile:profile_model", "profiling", options=options,
                                      threads=threads, repeats=args.repeats):
             results.append(result)
             console.print(result.render(max_rows=args.rows))
@@ -860,9 +860,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from fuseguard.compiler.plugins import env_for, load_plugins
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
 
-    from .timing import timing_env
+    from .perf.timing import timing_env
     from .worker import Worker
 
     load_plugins(args.plugin)
@@ -872,24 +872,24 @@ def _tune(args: argparse.Namespace) -> int:
     threads = args.threads or host_cores()
     args.worst = EXIT_OK
     env = {**env_for(args.plugin), **timing_env(threads, against_ort=False)}
-    from .tune import PROCESSES
+    from .perf.tune import PROCESSES
 
     processes = args.processes or PROCESSES
     with Worker(sys_path=[str(Path.cwd())], env=env, forward_output=args.debug) as worker:
-        for source, first in _each_model(args, worker, "fuseguard.verify.tune:profile_for_tuning", "tuning (process 1)",
+        for source, first in _each_model(args, worker, "fuseguard.verify.perf.tune:profile_for_tuning", "tuning (process 1)",
                                          options=options, threads=threads, repeats=args.repeats, db=args.decision_db):
             profiles = [first]
             label = getattr(source, "label", str(source))
             for n in range(2, processes + 1):
                 worker.close()          # a fresh process: the builds come from the cache, loaded, not compiled
-                got = _call_one(args, worker, "fuseguard.verify.tune:profile_for_tuning", label,
+                got = _call_one(args, worker, "fuseguard.verify.perf.tune:profile_for_tuning", label,
                                 f"tuning {label} (process {n})", source=source, shapes=_shapes_for(args, source),
                                 options=options, threads=threads, repeats=args.repeats, db=args.decision_db)
                 if got is _FAILED:
                     break
                 profiles.append(got)
             else:
-                result = _call_one(args, worker, "fuseguard.verify.tune:record_tuning", label, f"recording {label}",
+                result = _call_one(args, worker, "fuseguard.verify.perf.tune:record_tuning", label, f"recording {label}",
                                    profiles=profiles, options=options, db=args.decision_db, source=source,
                                    shapes=_shapes_for(args, source), threads=threads, confirm=not args.no_confirm)
                 if result is not _FAILED:
@@ -899,9 +899,9 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _shapes_for(args: argparse.Namespace, source: Any) -> dict[str, Any] | None:
     """The --shape pins for a file (suite models carry their own), as `_each_model` passes them."""
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
 
-    from .core import SuiteSpec
+    from .check.model import SuiteSpec
 
     return None if isinstance(source, SuiteSpec) else dict(parse_shape_spec(s) for s in getattr(args, "shape", []))
 
@@ -911,7 +911,7 @@ def _conformance(args: argparse.Namespace) -> int:
 
     from fuseguard.compiler.plugins import env_for, load_plugins
 
-    from .conformance import case_names, run_in_worker
+    from .check.conformance import case_names, run_in_worker
     from .worker import Worker
 
     load_plugins(args.plugin)
@@ -939,14 +939,14 @@ def _gate(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from fuseguard.compiler.onnx_loader import parse_shape_spec
+    from fuseguard.compiler.frontend.loader import parse_shape_spec
     from fuseguard.compiler.plugins import env_for, load_plugins
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
     from fuseguard.suites.latency_set import LATENCY_SET, latency_spec
 
-    from . import ab
-    from .gate import GatePolicy
-    from .timing import timing_env
+    from .perf import ab
+    from .perf.gate import GatePolicy
+    from .perf.timing import timing_env
 
     load_plugins(args.plugin)
     options = _options(args)
@@ -1008,9 +1008,9 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _device_bundle(args: argparse.Namespace) -> int:
-    from fuseguard.compiler.target import resolve
+    from fuseguard.compiler.hw.target import resolve
 
-    from .device_bundle import make_bundle
+    from .device.bundle import make_bundle
 
     resolve(args.gpu_arch)       # a bad --gpu-arch is a usage error before anything builds
     manifest = make_bundle(args.out, target=args.gpu_arch, mode=args.mode)
@@ -1031,7 +1031,7 @@ def _env(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from fuseguard.compiler.hostcpu import detect_host
+    from fuseguard.compiler.hw.hostcpu import detect_host
 
     table = Table(title="environment variables fuseguard reads (compiler/settings.py)")
     for col in ("variable", "value", "changes code", "what"):
@@ -1054,7 +1054,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    from .bisect import run_bisect
+    from .debug.bisect import run_bisect
 
     handler = {"verify": _verify, "bench": _bench, "baseline": _baseline, "patterns": _patterns, "env": _env, "profile": _profile,
                "reduce": _reduce,

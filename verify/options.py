@@ -83,17 +83,17 @@ def add_build_options(addoption: AddOption, prefix: str = "", *, timeout: float 
     _add(addoption, prefix, "no-schedule", action="store_true", default=False,
          help="build without CPU schedules (TVM's naive loops)")
     _add(addoption, prefix, "no-layout", action="store_true", default=False,
-         help="keep convs in NCHW: no channel-blocked layout step (compiler/layout.py)")
+         help="keep convs in NCHW: no channel-blocked layout step (compiler/passes/layout.py)")
     _add(addoption, prefix, "no-channel-padding", action="store_true", default=False,
-         help="block only convs whose channels are whole blocks: no zero-filter padding (compiler/padding.py)")
+         help="block only convs whose channels are whole blocks: no zero-filter padding (compiler/passes/padding.py)")
     _add(addoption, prefix, "no-concat-in-place", action="store_true", default=False,
-         help="keep every concatenation a copy: no inputs written in place (compiler/concat_in_place.py)")
+         help="keep every concatenation a copy: no inputs written in place (compiler/passes/concat_in_place.py)")
     _add(addoption, prefix, "no-qdq-fold", action="store_true", default=False,
          help="int8 QDQ models: keep each Quantize->Dequantize pair as two kernels instead of exact fp32 "
-              "arithmetic fused into its producer (compiler/qdq.py)")
+              "arithmetic fused into its producer (compiler/passes/qdq.py)")
     _add(addoption, prefix, "no-int8-kernels", action="store_true", default=False,
          help="int8 QDQ models: compute MatMuls on int8 weights in fp32 on the dequantised grid instead of "
-              "integer GEMMs on VNNI (compiler/int8_gemm.py)")
+              "integer GEMMs on VNNI (compiler/passes/int8_gemm.py)")
     _add(addoption, prefix, "precision", choices=("fp32", "fp16", "bf16"), default="fp32",
          help="compute GEMM/conv operands in fp16 or bf16, accumulated in fp32 (fused and unfused alike); "
               "each build is then also compared with an fp64 run (default fp32)")
@@ -212,7 +212,7 @@ def tolerances(atol: float | None, rtol: float | None) -> Mapping[str, Any] | No
     dtype; the other bound stays each dtype's default (so `--atol 1e-3` keeps float16's rtol 1e-2)."""
     if atol is None and rtol is None:
         return None
-    from .compare import DEFAULT_TOLERANCES, Tolerance
+    from .check.compare import DEFAULT_TOLERANCES, Tolerance
 
     return {name: Tolerance(atol if atol is not None else tol.atol, rtol if rtol is not None else tol.rtol)
             for name, tol in DEFAULT_TOLERANCES.items() if name.startswith(("float", "bfloat"))}

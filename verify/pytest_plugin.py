@@ -106,7 +106,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from fuseguard.compiler.target import cuda_device_present, resolve
+    from fuseguard.compiler.hw.target import cuda_device_present, resolve
 
     spec = resolve(config.getoption("--gpu-arch"))
     device = "CUDA device present" if cuda_device_present() else "no CUDA device"
@@ -139,7 +139,7 @@ def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     from fuseguard.compiler.plugins import env_for
 
-    from .timing import timing_env
+    from .perf.timing import timing_env
 
     env = {**env_for(request.config.getoption("--fuseguard-plugin") or []), **timing_env()}
     worker = Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=env)
@@ -150,7 +150,7 @@ def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture
 def verify_model(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any):
     """verify_model(source, **kwargs) -> ModelVerdict, in the worker; a crash or hang fails this test only."""
-    from .core import verify_in_worker
+    from .check.model import verify_in_worker
     from .worker import WorkerFailure
 
     timeout = request.config.getoption("--fuseguard-timeout")
@@ -173,7 +173,7 @@ def verify_dynamic(request: pytest.FixtureRequest, fuseguard_worker: Any, compil
 
     from fuseguard.compiler.dynamic import parse_dynamic
 
-    from .dynamic import verify_dynamic_in_worker
+    from .check.dynamic import verify_dynamic_in_worker
     from .options import PYTEST_PREFIX, compile_options as parsed, getter
     from .worker import WorkerFailure
 
@@ -197,16 +197,16 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
     """gate(source) -> GateResult: time a model against its baseline; fails the test on a real slowdown."""
     import warnings
 
-    from fuseguard.compiler.target import cuda_device_present
+    from fuseguard.compiler.hw.target import cuda_device_present
 
-    from .gate import Gate, Verdict
-    from .latency import BASELINE_DIR, baseline_path, gate_model
+    from .perf.gate import Gate, Verdict
+    from .perf.latency import BASELINE_DIR, baseline_path, gate_model
     from .worker import WorkerFailure
 
     cfg = request.config
     directory = Path(cfg.getoption("--baseline-dir") or BASELINE_DIR)
     path = baseline_path(compile_options, directory)
-    from .gate import load_gate_config
+    from .perf.gate import load_gate_config
 
     gate = Gate.from_config(load_gate_config(cfg.getoption("--gate-config"), directory))
     candidate = cfg.getoption("--baseline-candidate")
@@ -260,14 +260,14 @@ def latency_gate(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_
 
 
 def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
-    """source -> ABResult against `rev`'s compiler (verify/ab.py); the base tree is materialised once."""
+    """source -> ABResult against `rev`'s compiler (verify/perf/ab.py); the base tree is materialised once."""
     import tempfile
 
     from fuseguard.compiler.plugins import env_for
-    from fuseguard.compiler.target import host_cores
+    from fuseguard.compiler.hw.target import host_cores
 
-    from . import ab
-    from .timing import timing_env
+    from .perf import ab
+    from .perf.timing import timing_env
 
     commit = ab.resolve_commit(rev)
     base_tree = ab.materialize(commit)
@@ -289,12 +289,12 @@ def _ab_gate(rev: str, compile_options: Any, gate: Any, cfg: pytest.Config):
 @pytest.fixture(scope="session")
 def fusion_pays(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_options: Any, gpu_arch: str | None):
     """check(source) -> PaysResult: fused vs unfused of the same model, same run, fresh processes; fails the
-    test when fusion makes the model slower beyond 5% (verify/pays.py). Needs no stored baseline."""
+    test when fusion makes the model slower beyond 5% (verify/perf/pays.py). Needs no stored baseline."""
     from fuseguard.compiler.plugins import env_for
-    from fuseguard.compiler.target import cuda_device_present, host_cores
+    from fuseguard.compiler.hw.target import cuda_device_present, host_cores
 
-    from .pays import check_fusion_pays
-    from .timing import timing_env
+    from .perf.pays import check_fusion_pays
+    from .perf.timing import timing_env
     from .worker import WorkerFailure
 
     cfg = request.config
@@ -321,7 +321,7 @@ def fusion_pays(request: pytest.FixtureRequest, fuseguard_worker: Any, compile_o
 
 def skip_without_cuda_run(verdict: Any) -> None:
     """Compiled for a GPU on a machine without one: the compile was checked, the run is skipped."""
-    from .core import NO_CUDA_DEVICE
+    from .check.model import NO_CUDA_DEVICE
 
     if verdict.skipped_run == NO_CUDA_DEVICE:
         pytest.skip(f"{NO_CUDA_DEVICE}: {verdict.model} compiled for {verdict.target}, device run skipped")

@@ -34,10 +34,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
-from ..hardware import CUDA_STATIC_SHARED_BYTES
+from ..hw.hardware import CUDA_STATIC_SHARED_BYTES
 
 if TYPE_CHECKING:
-    from ..hardware import Hardware
+    from ..hw.hardware import Hardware
 
 __all__ = [
     "CUDA_DEFAULT_SHARED_BYTES",
@@ -76,15 +76,15 @@ def _dtype_bytes(dtype: str) -> int:
 
 def host_target() -> tvm.target.Target:
     """LLVM target for this host's CPU: the generic x86-64 target has no AVX and is ~10x slower."""
-    from ..hostcpu import host_target as detected
+    from ..hw.hostcpu import host_target as detected
 
     return detected()
 
 
 def cuda_max_shared_bytes(target: tvm.target.Target) -> int:
     """Largest per-block shared memory the kernel may request on ``target`` (opt-in included): the
-    architecture table's figure (compiler/hardware.py), 48 KiB for a target without an arch."""
-    from ..hardware import for_target
+    architecture table's figure (compiler/hw/hardware.py), 48 KiB for a target without an arch."""
+    from ..hw.hardware import for_target
 
     arch = str(target.attrs.get("arch", "")) if "arch" in target.attrs else ""
     return for_target("cuda", arch).smem_per_block_bytes if arch.startswith("sm_") else CUDA_DEFAULT_SHARED_BYTES

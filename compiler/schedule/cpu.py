@@ -21,7 +21,7 @@ from tvm import relax, s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from .. import settings
-from ..hostcpu import HostCPU, host_from_target
+from ..hw.hostcpu import HostCPU, host_from_target
 from . import approx
 from .cpu_conv import (MIN_GROUP_TILE, conv_tiles, match_conv2d, pointwise_tiles, schedule_conv2d,
                        schedule_pointwise, tile_in_group)
@@ -363,7 +363,7 @@ def _recomputes(before: tirx.PrimFunc, after: tirx.PrimFunc, slack: float = 1.5)
 
 def _try_matmul_int8(func: tirx.PrimFunc, host: HostCPU, threads: int,
                      sites: list[relax.Call]) -> tuple[tirx.PrimFunc, str, PackPlan] | None:
-    """The integer matmuls of QDQ models (compiler/int8_gemm.py) on the VNNI tile; B must be a constant
+    """The integer matmuls of QDQ models (compiler/passes/int8_gemm.py) on the VNNI tile; B must be a constant
     (it is packed at compile time). Anything else falls through to the generic rules."""
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_int8_matmul(sch, b) for b in root_blocks(sch)) if i is not None]
@@ -435,7 +435,7 @@ def _try_matmul(
 
 def _try_blocked(func: tirx.PrimFunc, host: HostCPU, threads: int,
                  rc_block: bool = True) -> tuple[tirx.PrimFunc, str, None] | None:
-    """The channel-blocked convs of the layout step (compiler/layout.py)."""
+    """The channel-blocked convs of the layout step (compiler/passes/layout.py)."""
     sch = s_tir.Schedule(func)
     infos = [i for i in (match_blocked_conv(sch, b) for b in root_blocks(sch)) if i is not None]
     if len(infos) != 1:

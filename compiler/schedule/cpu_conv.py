@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from ..hostcpu import HostCPU
+from ..hw.hostcpu import HostCPU
 from .cpu_elementwise import schedule_spatial_block
 from .packing import pack_param_layout
 from .tir_analysis import (REDUCE, BufferLoad, inline_around, int_or_none, loops_match_iters, simple_index_vars,

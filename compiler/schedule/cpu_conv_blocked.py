@@ -1,4 +1,4 @@
-"""CPU schedules for the channel-blocked convs of the layout step (compiler/layout.py), with fused epilogue.
+"""CPU schedules for the channel-blocked convs of the layout step (compiler/passes/layout.py), with fused epilogue.
 
 Dense ``O[n, f, y, x, fi] += I[n, rc, ., ., ri] * W[f, rc, ky, kx, ri, fi]``: the tile is ``mr`` output columns
 x ``nb`` channel blocks, each accumulator one vector of the block's ``b`` channels (the layout's innermost
@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from ..hostcpu import HostCPU
+from ..hw.hostcpu import HostCPU
 from .cpu_conv import CHANNEL_BLOCK_L2_SHARE, image_bytes
 from .tir_analysis import (REDUCE, BufferLoad, int_or_none, loads_in, loops_match_iters, simple_index_vars, try_inline_all,
                            widened_load)
@@ -64,7 +64,7 @@ class BlockedConvInfo:
 
 
 def match_blocked_conv(sch: s_tir.Schedule, block_rv: SBlockRV) -> BlockedConvInfo | None:
-    """The two computes of compiler/layout.py, recognised by iterator kinds and access pattern."""
+    """The two computes of compiler/passes/layout.py, recognised by iterator kinds and access pattern."""
     block = sch.get(block_rv)
     ivs = list(block.iter_vars)
     kinds = "".join("R" if iv.iter_type == REDUCE else "S" for iv in ivs)

@@ -21,7 +21,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from ..hostcpu import HostCPU
+from ..hw.hostcpu import HostCPU
 from .tir_analysis import (REDUCE, BufferLoad, int_or_none, is_spatial, loads_in, root_blocks, simple_index_vars,
                            try_inline_all, widened_load)
 

@@ -14,7 +14,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from ..hostcpu import HostCPU
+from ..hw.hostcpu import HostCPU
 from . import approx
 from .tir_analysis import (BufferLoad, _realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks,
                            try_inline_all)

@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from ..hostcpu import HostCPU
+from ..hw.hostcpu import HostCPU
 from .cpu_elementwise import schedule_spatial_block
 from .packing import pack_param_layout
 from .tir_analysis import (REDUCE, BufferLoad, inline_around, int_or_none, loads_in, loops_match_iters, simple_index_vars,

@@ -1,5 +1,5 @@
 """int8 GEMM on VNNI: u8 activations times s8 weights, four products summed into each int32 lane by one
-`vpdpbusd`, for the integer matmuls of QDQ models (compiler/int8_gemm.py writes them).
+`vpdpbusd`, for the integer matmuls of QDQ models (compiler/passes/int8_gemm.py writes them).
 
 Why: in fp32 on the dequantised grid a QDQ transformer runs at its fp32 model's speed, and ONNX Runtime's
 u8s8 kernels ran the QDQ BERT encoder 2.3x faster than that (Sapphire Rapids). `vpdpbusd` does 64
@@ -28,7 +28,7 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.s_tir import TensorIntrin
 
-from ..hostcpu import HostCPU, host_from_target
+from ..hw.hostcpu import HostCPU, host_from_target
 from .cpu_matmul import MatmulInfo, _elementwise_on, match_matmul
 from .tir_analysis import inline_around, int_or_none, loops_match_iters
 

@@ -1,0 +1,2 @@
+"""Finding what went wrong: `fuseguard bisect` (the drifting group) and `fuseguard reduce` (the fewest nodes
+that fail the same way)."""
