@@ -70,26 +70,28 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .fusion import cost, decisions, patterns, report
-from .hw import hostcpu
 from . import progress, settings
-from .frontend.converters import subbyte
-from .errors import CompileError, FuseguardError, ShapeError, UsageError
-from .hw.hardware import Hardware, for_target
 from .dynamic import DynamicDim, check_names, upper_bounds
-from .passes.concat_in_place import ConcatInPlace
-from .passes.legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
-from .passes.layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
+from .errors import CompileError, FuseguardError, ShapeError, UsageError
+from .hw import hostcpu
+from .hw.hardware import Hardware, for_target
+from .hw.target import TargetSpec, resolve
+from .frontend.converters import subbyte
 from .frontend.importer import ImportResult, import_folded, import_model, provenance_of
 from .frontend.loader import LoadedModel, error_line, load
-from .passes.int8_gemm import integer_matmuls
-from .schedule.cpu_matmul_int8 import supported as int8_supported
-from .passes.qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
-from .passes.precision import check as precision_check, dtype_census, to_precision
 from .passes.normalize import (Conv1dAsConv2d, Conv3dAsConv2d, DropPaddingTaps, ExpandSmallPowers, FoldBatchNorm,
                                FoldConstantMoves, FoldReshapedAdd, KeepConv1dChains4D, MaskedFillAsAdd,
-                               NormalizeFlattenedGemm, UnflattenScores, apply_replacements)
-from .hw.target import TargetSpec, resolve
+                               NormalizeFlattenedGemm, UnflattenScores)
+from .passes.qdq import QdqSummary, as_qdq_ops, fold_fake_quant, legalize_map as qdq_legalize_map
+from .passes.int8_gemm import integer_matmuls
+from .passes.precision import check as precision_check, dtype_census, to_precision
+from .passes.layout import LayoutSummary, legalize_map as layout_legalize_map, to_blocked
+from .passes.legalize_fixes import FoldEmptyReductions, legalize_map as fixes_legalize_map
+from .passes.concat_in_place import ConcatInPlace
+from .fusion import cost, decisions, patterns, report
+from .fusion.recognize import apply_replacements
+from .ir import analysis
+from .schedule.cpu_matmul_int8 import supported as int8_supported
 
 STAGES = ("before_fusion", "after_fusion", "after_tir_fusion")
 #: Pipeline stages whose failure on a directly imported model is retried through the ONNX Runtime fold
@@ -584,13 +586,13 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     # their TE/TIR kernels first (a RoBERTa export's position ids, CumSum, reached codegen as R.cumsum)
     dispatch = [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
     mod = stage("legalize", [*dispatch, legalize, T.AnnotateTIROpPattern(), T.FoldConstant()], mod)
-    rep.ops_before_fusion = report.count_kernels(mod)
+    rep.ops_before_fusion = analysis.count_kernels(mod)
     if options.fusion:
         legalized = mod
         mod = stage("fuse_ops", [T.FuseOps()], mod)
         start = time.perf_counter()
         try:
-            sites = report.call_site_provenance(legalized)
+            sites = analysis.call_site_provenance(legalized)
         except Exception:  # provenance is a report nicety; never fail a build over it
             sites = None
         rep.stage_s["provenance"] = time.perf_counter() - start
@@ -619,8 +621,8 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
     finalize = [T.RewriteCUDAGraph()] if spec.is_gpu else []
     finalize += [T.LowerAllocTensor(), T.KillAfterLastUse(), T.LowerRuntimeBuiltin(), T.ComputePrimValue(),
                  T.VMShapeLower(), T.AttachGlobalSymbol()]
-    rep.kernels = report.count_kernels(mod)
-    rep.traffic_bytes, rep.min_traffic_bytes = report.memory_traffic(mod)
+    rep.kernels = analysis.count_kernels(mod)
+    rep.traffic_bytes, rep.min_traffic_bytes = analysis.memory_traffic(mod)
     mod = stage("memory_plan", plan, mod)
     if options.concat_in_place and not spec.is_gpu:
         dropped: list[tuple[str, frozenset]] = []
@@ -631,7 +633,7 @@ def _lower(mod: tvm.IRModule, spec: TargetSpec, options: CompileOptions, *, name
             rep.kernels, rep.call_sites = rep.kernels - len(dropped), kept
             rep.memory = f"memory: {len(dropped)} concatenation(s) written in place by the kernels of their inputs"
     mod = stage("memory_plan", finalize, mod)
-    rep.planned_bytes = report.planned_bytes(mod)
+    rep.planned_bytes = analysis.planned_bytes(mod)
     rep.compile_s = time.perf_counter() - t0
     return mod, rep, unscheduled
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fuseguard.compiler.passes.concat_in_place import concat_axis
 from fuseguard.compiler.frontend.loader import load
 from fuseguard.compiler.pipeline import CompileOptions, compile_model
-from fuseguard.verify.check.model import run_onnxruntime
+from fuseguard.verify.check.reference import run_onnxruntime
 from fuseguard.verify.check.inputs import make_inputs
 
 

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from fuseguard.verify.check.compare import DEFAULT_TOLERANCES, compare_outputs
-from fuseguard.verify.check.model import BuildResult
+from fuseguard.verify.check.results import BuildResult
 from fuseguard.verify.options import (PYTEST_PREFIX, add_build_options, add_compare_options, add_model_options, dest,
                             option_names, tolerances)
 

@@ -352,7 +352,8 @@ def test_kernel_taps_that_only_read_padding_are_cut_off(dilation, pads, strides,
     what its live taps compute; the result is ONNX Runtime's, fused and unfused, and the kernel left is the
     live taps only."""
     from fuseguard.compiler.frontend.importer import import_model
-    from fuseguard.compiler.passes.normalize import DropPaddingTaps, static_dims
+    from fuseguard.compiler.passes.normalize import DropPaddingTaps
+    from fuseguard.compiler.ir.helpers import static_dims
 
     w = (np.random.default_rng(0).standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
     model, x, ref = _one_conv([1, 16, 14, 14], w, None, False, kernel_shape=[3, 3], strides=list(strides),

@@ -372,7 +372,7 @@ def test_shape_folding_retry_rescues_computed_reshape_targets() -> None:
     """Shape -> Mul -> Reshape: the frontend wants a constant shape; ORT folds it once shapes are pinned."""
     from fuseguard.compiler.frontend.importer import import_model
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
-    from fuseguard.verify.check.model import run_onnxruntime
+    from fuseguard.verify.check.reference import run_onnxruntime
 
     one = numpy_helper.from_array(np.array([1, 1, 1], np.int64), "one")
     nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),

@@ -9,7 +9,7 @@ from fuseguard.compiler import patterns
 from fuseguard.compiler.errors import UsageError
 from fuseguard.compiler.pipeline import CompileOptions, compile_model, register_pass, unregister_pass
 from fuseguard.suites.models import get_model
-from fuseguard.verify.check.model import run_onnxruntime
+from fuseguard.verify.check.reference import run_onnxruntime
 from fuseguard.verify.check.inputs import make_inputs
 
 NO_SCHED = CompileOptions(schedule=False)

@@ -17,7 +17,8 @@ from tvm import relax
 from fuseguard.compiler.errors import UsageError
 from fuseguard.compiler.pipeline import CompileOptions
 from fuseguard.compiler.passes.precision import dtype_census, to_precision
-from fuseguard.verify.check.model import SuiteSpec, run_onnxruntime, verify_model
+from fuseguard.verify.check.model import SuiteSpec, verify_model
+from fuseguard.verify.check.reference import run_onnxruntime
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantised import quantised as _quantised  # noqa: E402
 from fuseguard.verify.check.precision import (Fp64Check, check_against_fp64, fp64_reference, loose_tolerances,

@@ -293,7 +293,7 @@ def test_grouped_convs_get_gemm_schedules() -> None:
 def test_reference_provider_follows_the_device() -> None:
     import onnxruntime as ort
 
-    from fuseguard.verify.check.model import reference_providers
+    from fuseguard.verify.check.reference import reference_providers
 
     assert reference_providers(False) == ["CPUExecutionProvider"]
     want = "CUDAExecutionProvider" if "CUDAExecutionProvider" in ort.get_available_providers() else "CPUExecutionProvider"

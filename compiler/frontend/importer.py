@@ -29,7 +29,7 @@ from ..dynamic import DynamicDim, check_names, symbolic_shapes, upper_bounds
 from ..errors import ModelError, UnsupportedOperatorError
 from .loader import LoadedModel, error_line
 from .op_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
-from ..passes.normalize import static_dims
+from ..ir.helpers import static_dims
 from .op_support import check_supported, supported_ops
 
 #: What may not appear in a C identifier (an input name becomes one: see _Importer._sanitize_name).

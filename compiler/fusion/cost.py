@@ -8,35 +8,18 @@ import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax
 
-from .decisions import Measured, decision_key
 from ..hw.hardware import Hardware
+from ..ir.tags import indices as tag_indices
+from ..ir.tags import label as tag_label
+from .decisions import Measured, decision_key
 from .legality import convexity_violation
-from ..ir.tags import indices as _tag_indices
-from ..ir.tags import label as _tag_label
-
-if TYPE_CHECKING:
-    from .patterns import Match, PatternRule
-
+from .rules import CostEstimate, Match, PatternRule
 
 # ----------------------------------------------------------------------------- the estimate
-
-@dataclass
-class CostEstimate:
-    """Predicted benefit of fusing one group on one target."""
-
-    bytes_saved: int          # global-memory traffic avoided (intermediates not written and re-read)
-    launches_saved: int       # kernels (GPU launches / CPU parallel regions) avoided
-    predicted_us: float       # each intermediate at its cache level's bandwidth + launches x launch overhead
-
-    @property
-    def beneficial(self) -> bool:
-        return self.predicted_us > 0
-
 
 #: Sizes the cost model decides with in a symbolic build ({dim name: size}, compiler/dynamic.py): each
 #: dynamic dim's bound, else a representative size. Set by `decide_at` for one fusion pass.
@@ -240,7 +223,7 @@ def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
     merged = merged_nodes(out)
     if merged < 2:
         return base
-    label = _tag_label(out.name) if out is not None else ""
+    label = tag_label(out.name) if out is not None else ""
     passes = FULL_SIZE_PASSES.get(label, 2 * (merged - 1))
     full = min(merged - 1, FULL_SIZE_NODES.get(label, merged - 1))
     launches_us = full * hw.launch_overhead_us + (merged - 1 - full) * hw.small_kernel_us
@@ -251,7 +234,7 @@ def decomposition_cost(match: Match, hw: Hardware) -> CostEstimate:
 
 def merged_nodes(var: relax.Var | None) -> int:
     """How many ONNX nodes a binding stands for (a recognised `n1x2x3_Op` tag counts each)."""
-    return max(1, len(_tag_indices(var.name))) if var is not None else 1
+    return max(1, len(tag_indices(var.name))) if var is not None else 1
 
 
 # ----------------------------------------------------------------------------- the decision

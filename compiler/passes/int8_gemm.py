@@ -27,7 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .normalize import _np, recognize
+from ..ir.helpers import numpy_of
+from ..ir.rewrite import recognize
 from .qdq import _scalar
 
 _SHIFT = {"int8": 128, "uint8": 0}
@@ -67,9 +68,9 @@ def integer_matmuls(mod: tvm.IRModule, lanes: int) -> tuple[tvm.IRModule, int, i
         if any(v is None for v in params):
             return None
         s_q, z_q, s_x, z_x = params
-        w = np.asarray(_np(m[p["w"]]))
-        z_w = np.asarray(_np(m[p["z_w"]]))
-        s_w = np.asarray(_np(m[p["s_w"]]), np.float64)
+        w = np.asarray(numpy_of(m[p["w"]]))
+        z_w = np.asarray(numpy_of(m[p["z_w"]]))
+        s_w = np.asarray(numpy_of(m[p["s_w"]]), np.float64)
         if w.dtype != np.int8 or w.ndim != 2 or np.any(z_w != 0):
             return None
         axis = int(w_dq.attrs.axis) % 2

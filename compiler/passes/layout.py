@@ -28,7 +28,9 @@ import tvm
 from tvm import relax, te, topi
 
 from .padding import PadSummary, pad_channels
-from .normalize import FoldConstantMoves, each_relax_function, static_dims
+from .normalize import FoldConstantMoves
+from ..ir.rewrite import each_relax_function
+from ..ir.helpers import static_dims
 
 _CONV = "relax.nn.conv2d"
 _TRANSFORM = tvm.ir.Op.get("relax.layout_transform")

@@ -24,7 +24,8 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
-from .normalize import each_relax_function, static_dims, tensor_dtype
+from ..ir.rewrite import each_relax_function
+from ..ir.helpers import static_dims, tensor_dtype
 
 #: a reduction of no elements: its identity (float types; integers and bool in `_empty_value`)
 _EMPTY = {"relax.sum": 0.0, "relax.prod": 1.0, "relax.max": -np.inf, "relax.min": np.inf, "relax.mean": np.nan,

@@ -1,23 +1,24 @@
-"""fuseguard's own graph passes (the stock TVM ones are used directly in pipeline.py)."""
+"""fuseguard's own graph passes of pipeline steps 1 and 2: exporter forms normalised, constant moves and
+BatchNorm folded (the stock TVM passes are used directly in pipeline.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from ..ir import tags
-
-
-def _np(const: relax.Expr) -> np.ndarray:
-    return const.value.numpy()
-
-
-def _is_const(expr: relax.Expr) -> bool:
-    return hasattr(expr, "value") and isinstance(expr, relax.Expr) and not isinstance(expr, relax.Var) \
-        and hasattr(expr.value, "numpy")
+from ..ir.helpers import (
+    const_values,
+    is_constant,
+    numpy_of,
+    same_dims,
+    shape_dims,
+    static_dims,
+    tensor_dtype,
+)
+from ..ir.rewrite import each_relax_function, rebind, recognize
 
 
 @relax.expr_functor.mutator
@@ -41,18 +42,18 @@ class _BatchNormFolder(relax.PyExprMutator):
         bn = self._lookup(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else item.tuple_value
         if not (isinstance(bn, relax.Call) and isinstance(bn.op, tvm.ir.Op) and bn.op.name == "relax.nn.batch_norm"):
             return None
-        if int(bn.attrs.axis) != 1 or not all(_is_const(a) for a in bn.args[1:5]):
+        if int(bn.attrs.axis) != 1 or not all(is_constant(a) for a in bn.args[1:5]):
             return None
         pre_var = bn.args[0]
         pre = self._lookup(pre_var)
         bias = None
         conv_var = pre_var
-        if isinstance(pre, relax.Call) and pre.op.name == "relax.add" and _is_const(pre.args[1]):
+        if isinstance(pre, relax.Call) and pre.op.name == "relax.add" and is_constant(pre.args[1]):
             bias, conv_var = pre.args[1], pre.args[0]
             pre = self._lookup(conv_var)
         if not (isinstance(pre, relax.Call) and isinstance(pre.op, tvm.ir.Op) and pre.op.name == "relax.nn.conv2d"):
             return None
-        if pre.attrs.kernel_layout != "OIHW" or pre.attrs.data_layout != "NCHW" or not _is_const(pre.args[1]):
+        if pre.attrs.kernel_layout != "OIHW" or pre.attrs.data_layout != "NCHW" or not is_constant(pre.args[1]):
             return None
         return bn, pre, conv_var, bias
 
@@ -63,10 +64,10 @@ class _BatchNormFolder(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         bn, conv, conv_var, bias = found
-        w = _np(conv.args[1])
-        gamma, beta, mean, var = (_np(a) for a in bn.args[1:5])
+        w = numpy_of(conv.args[1])
+        gamma, beta, mean, var = (numpy_of(a) for a in bn.args[1:5])
         scale = gamma / np.sqrt(var + float(bn.attrs.epsilon))
-        b = _np(bias).reshape(-1) if bias is not None else np.zeros_like(mean)
+        b = numpy_of(bias).reshape(-1) if bias is not None else np.zeros_like(mean)
         if b.shape != mean.shape or w.shape[0] != mean.shape[0]:
             super().visit_var_binding_(binding)
             return
@@ -96,7 +97,7 @@ def _index_value(expr: object, env: dict) -> object:
 def _moved(call: relax.Call) -> np.ndarray | None:
     """The value of a reshape / permute_dims / layout_transform of a constant, computed in numpy; None for
     any other call or form."""
-    src = _np(call.args[0])
+    src = numpy_of(call.args[0])
     dims = static_dims(call)
     if dims is None:
         return None
@@ -131,7 +132,7 @@ class _ConstantMoveFolder(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - visitor API
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.name in self._MOVES and _is_const(call.args[0]):
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in self._MOVES and is_constant(call.args[0]):
             value = _moved(call)
             if value is not None:
                 return relax.const(value)
@@ -147,16 +148,6 @@ def FoldConstantMoves(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
     return each_relax_function(mod, folder.visit_expr)
 
 
-def each_relax_function(mod: tvm.IRModule, fn) -> tvm.IRModule:  # noqa: ANN001 - Function -> Function
-    """A copy of `mod` with `fn` applied to every Relax function (a rewrite_call over the whole module). A copy:
-    the layout step hands its input back unchanged when it keeps NCHW."""
-    out = mod.clone()
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            out[gv] = fn(func)
-    return out
-
-
 @tvm.transform.module_pass(opt_level=0, name="FoldBatchNorm")
 def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Fold inference BatchNorm into the preceding Conv2d (with or without bias); DCE removes the originals."""
@@ -168,57 +159,6 @@ def FoldBatchNorm(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRMo
 
 
 # ------------------------------------------------------------------------ normalising exporter forms
-
-def shape_dims(expr: relax.Expr) -> list | None:
-    """An expression's tensor dims as PrimExprs (static or symbolic), or None (not a tensor, unknown rank)."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return list(ty.shape.values)
-    except (TypeError, AttributeError):
-        return None
-
-
-def same_dims(a: Sequence, b: Sequence) -> bool:
-    """Equal dim lists: ints by value, symbolic dims structurally (the same var or expression)."""
-    import tvm_ffi
-
-    def norm(d: object) -> object:
-        return int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else d
-
-    if len(a) != len(b):
-        return False
-    for x, y in zip(map(norm, a), map(norm, b)):
-        if isinstance(x, int) or isinstance(y, int):
-            if x != y:
-                return False
-        elif not tvm_ffi.structural_equal(x, y):
-            return False
-    return True
-
-
-def const_values(x: object) -> np.ndarray | None:
-    """The value of a relax constant (an initializer, or an input the conformance runner froze), else None."""
-    data = getattr(x, "value", None) if x is not None and not isinstance(x, relax.Var) else None
-    return data.numpy() if data is not None and hasattr(data, "numpy") else None
-
-
-def tensor_dtype(x: object) -> str | None:
-    """A tensor expression's dtype, else None (an omitted optional input, a shape, a tuple)."""
-    ty = getattr(x, "ty", None) if isinstance(x, relax.Expr) else None
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
-def static_dims(expr: relax.Expr) -> list[int] | None:
-    """An expression's static tensor shape, or None (not a tensor, unknown rank or a symbolic dim)."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return [int(d) for d in ty.shape.values]
-    except (TypeError, AttributeError):
-        return None
 
 
 @tvm.transform.module_pass(opt_level=0, name="NormalizeFlattenedGemm")
@@ -277,7 +217,7 @@ def ExpandSmallPowers(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.
         ty = m[x].ty
         if not isinstance(ty, relax.TensorType) or not str(ty.dtype).startswith("float"):
             return None
-        exponent = np.asarray(_np(m[c]))
+        exponent = np.asarray(numpy_of(m[c]))
         if exponent.size != 1 or float(exponent.reshape(())) not in (2.0, 3.0):
             return None
         square = relax.op.multiply(m[x], m[x])
@@ -315,8 +255,8 @@ def MaskedFillAsAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
     def rewrite(m: dict) -> relax.Expr | None:
         c, x, f, fill_where_true = (m[cond], m[score], m[fill], False) if keep in m else \
             (m[cond2], m[score2], m[fill2], True)
-        values = _np(f)
-        if _is_const(x) or tensor_dtype(x) != "float32" or values.size != 1 \
+        values = numpy_of(f)
+        if is_constant(x) or tensor_dtype(x) != "float32" or values.size != 1 \
                 or not values.reshape(()) <= MASK_FILL_AT_MOST:
             return None
         lowest, zero = np.float32(values.reshape(())), np.float32(0)
@@ -362,7 +302,7 @@ def UnflattenScores(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         dims = static_dims(expr)
         if dims is not None and len(dims) == 3 and dims[0] == batch * heads:
             return relax.op.reshape(expr, [batch, heads, *dims[1:]])
-        if _is_const(expr) and _np(expr).size == 1:
+        if is_constant(expr) and numpy_of(expr).size == 1:
             return expr
         return expr if dims is not None and (len(dims) < 3 or dims[0] == 1) else None  # the same in 3-D and 4-D
 
@@ -418,7 +358,7 @@ def FoldReshapedAdd(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         if x_dims is None or x_dims != out_dims or mid_dims is None or static_dims(m[added]) != mid_dims \
                 or int(np.prod(x_dims)) > RESHAPED_ADD_MAX_ELEMENTS:
             return None
-        full = np.broadcast_to(_np(m[c]), mid_dims).reshape(x_dims)
+        full = np.broadcast_to(numpy_of(m[c]), mid_dims).reshape(x_dims)
         for axis in range(full.ndim):
             first = full.take([0], axis=axis)
             if np.array_equal(full, np.broadcast_to(first, full.shape)):
@@ -487,7 +427,7 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
     def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
         dims, wdims, out = static_dims(x), static_dims(weight), static_dims(call)
-        if dims is None or len(dims) != 5 or wdims is None or out is None or not _is_const(weight):
+        if dims is None or len(dims) != 5 or wdims is None or out is None or not is_constant(weight):
             return None
         n, c, d, h, w_ = dims
         kd = wdims[2]
@@ -501,7 +441,7 @@ def Conv3dAsConv2d(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRM
         if front or back:
             data = relax.op.nn.pad(data, [0, 0, 0, 0, front, back, 0, 0, 0, 0])
         frames = relax.op.permute_dims(data, [0, 2, 1, 3, 4])                    # [N, D, C, H, W]
-        w_np = _np(weight)
+        w_np = numpy_of(weight)
         total = None
         for k in range(kd):
             taps = relax.op.strided_slice(frames, axes=[1], begin=[k * dd], end=[k * dd + (d_out - 1) * st + 1],
@@ -534,7 +474,7 @@ def DropPaddingTaps(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
     """
     def rewrite(call: relax.Call, x: relax.Expr, weight: relax.Expr) -> relax.Expr | None:
         attrs = call.attrs
-        if not _is_const(weight):
+        if not is_constant(weight):
             return None
         dims, wdims, out = static_dims(x), static_dims(weight), static_dims(call)
         if dims is None or wdims is None or out is None or len(dims) != 4:
@@ -545,7 +485,7 @@ def DropPaddingTaps(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IR
         cols = _live_taps(dims[3], out[3], sw, dw, left, wdims[3])
         if rows is None or cols is None or (rows == (0, wdims[2] - 1) and cols == (0, wdims[3] - 1)):
             return None
-        w_np = _np(weight)
+        w_np = numpy_of(weight)
         if not np.isfinite(w_np).all():
             return None
         # the new padding keeps every output where it was: a negative leading one would need the input cropped
@@ -575,15 +515,6 @@ _UNARY_EW = frozenset({"relax.erf", "relax.tanh", "relax.sigmoid", "relax.exp", 
                        "relax.clip"})
 _BINARY_EW = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
                         "relax.maximum", "relax.minimum"})
-
-
-def rebind(mutator: relax.PyExprMutator, var: relax.Var, value: relax.Expr) -> relax.Var:
-    """Bind ``value`` in place of ``var`` as ``var`` was bound (a dataflow var, or the block's output, which
-    must stay visible outside it), under its name, and send ``var``'s uses to it."""
-    emit = mutator.builder_.emit if isinstance(var, relax.DataflowVar) else mutator.builder_.emit_output
-    new = emit(value, var.name)
-    mutator.set_var_remap(var, new)
-    return new
 
 
 def _scalar_constant(expr: relax.Expr) -> bool:
@@ -643,245 +574,7 @@ def KeepConv1dChains4D(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm
 
 # ------------------------------------------------------------------------ recognising decomposed ops
 
-@relax.expr_functor.mutator
-class _Recognizer(relax.PyExprMutator):
-    """Replace every binding matching `pattern` by `rewrite(matches)`; the new var carries a merged tag."""
-
-    def __init__(self, mod: tvm.IRModule, pattern, rewrite, label: str) -> None:
-        super().__init__(mod)
-        self.pattern, self.rewrite, self.label = pattern, rewrite, label
-        self.var2val: dict[relax.Var, relax.Expr] = {}
-        self.val2var: dict[relax.Expr, relax.Var] = {}
-        self.rewritten: list[list[str]] = []
-
-    _in_dataflow = False
-
-    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
-        self._in_dataflow = True
-        try:
-            return super().visit_dataflow_block_(block)
-        finally:
-            self._in_dataflow = False
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        self.var2val[binding.var] = binding.value
-        self.val2var[binding.value] = binding.var
-        matches = self.pattern.extract_matched_expr(binding.value, self.var2val)
-        new = self.rewrite(matches) if matches else None
-        if new is None:
-            super().visit_var_binding_(binding)
-            return
-        new = self._reuse_vars(new)
-        inputs = _leaf_vars(new)
-        names = sorted({self.val2var[e].name for e in matches.values()
-                        if e in self.val2var and self.val2var[e] not in inputs} | {binding.var.name})
-        new = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(new, names))
-        if isinstance(binding.var, relax.DataflowVar) or not self._in_dataflow:
-            var = self.builder_.emit(new, tags.merged(names, self.label))
-        else:   # the block's output (e.g. the model's last op): must stay visible outside the block
-            var = self.builder_.emit_output(new, tags.merged(names, self.label))
-        self.rewritten.append(names)
-        self.set_var_remap(binding.var, var)
-
-
-    def _reuse_vars(self, expr: relax.Expr) -> relax.Expr:
-        """The rewrite's operands are matched *values*; a value some binding already holds is that var
-        (else the producer of the op's input would be emitted a second time)."""
-        if not isinstance(expr, relax.Call):
-            return expr
-        args = [self.val2var[a] if a in self.val2var else self._reuse_vars(a) for a in expr.args]
-        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
-
-    def _emit_nested(self, expr: relax.Expr, names: list[str]) -> relax.Expr:
-        """Bind a rewrite's inner calls (matmul inside add(matmul, b)) under tags naming the same nodes."""
-        if not isinstance(expr, relax.Call):
-            return expr
-        args = []
-        for a in expr.args:
-            if isinstance(a, relax.Call):
-                inner = relax.expr_functor.PyExprMutator.visit_expr(self, self._emit_nested(a, names))
-                label = a.op.name.rsplit(".", 1)[-1].capitalize() if isinstance(a.op, tvm.ir.Op) else self.label
-                a = self.builder_.emit(inner, tags.merged(names, label))
-            args.append(a)
-        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
-
-
-def _leaf_vars(expr: relax.Expr) -> set[relax.Var]:
-    """The vars a (possibly nested) rewritten call reads."""
-    if isinstance(expr, relax.Var):
-        return {expr}
-    if isinstance(expr, relax.Call):
-        return set().union(*(_leaf_vars(a) for a in expr.args)) if expr.args else set()
-    return set()
-
-
-def recognize(mod: tvm.IRModule, pattern, rewrite, label: str) -> tuple[tvm.IRModule, list[list[str]]]:
-    rec = _Recognizer(mod, pattern, rewrite, label)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function) and not (func.attrs and "Primitive" in func.attrs):
-            rec.builder_.update_func(gv, rec.visit_expr(func))
-    return rec.builder_.get(), rec.rewritten
-
-
-def _layernorm_pattern():
-    from tvm.relax.dpl import is_const, is_op, wildcard
-
-    x = wildcard()
-    mean = is_op("relax.mean")(x)
-    centred = is_op("relax.subtract")(x, mean)
-    square = is_op("relax.power")(centred, is_const()) | is_op("relax.multiply")(centred, centred)
-    var = is_op("relax.mean")(square)
-    eps = is_const()
-    std = is_op("relax.sqrt")(is_op("relax.add")(var, eps))
-    normed = is_op("relax.divide")(centred, std)
-    gamma, beta = is_const(), is_const()
-    out = is_op("relax.add")(is_op("relax.multiply")(normed, gamma), beta)
-    return out, dict(x=x, mean=mean, var=var, square=square, eps=eps, gamma=gamma, beta=beta)
-
-
-def recognize_layernorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
-    """ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add (what exporters emit) -> one layer_norm op.
-
-    Only rewrites the exact semantics: both means over the last axis with keepdims, power 2, and
-    per-channel gamma/beta over that axis.
-    """
-    out, parts = _layernorm_pattern()
-
-    def rewrite(m: dict) -> relax.Expr | None:
-        x = m[parts["x"]]
-        ndim = len(x.ty.shape.values) if isinstance(x.ty, relax.TensorType) and x.ty.shape is not None else -1
-        for key in ("mean", "var"):
-            call = m[parts[key]]
-            axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
-            if not call.attrs.keepdims or [a % ndim for a in axes] != [ndim - 1]:
-                return None
-        sq = m[parts["square"]]
-        if sq.op.name == "relax.power" and float(np.asarray(_np(sq.args[1]))) != 2.0:
-            return None
-        gamma, beta, eps = _np(m[parts["gamma"]]), _np(m[parts["beta"]]), _np(m[parts["eps"]])
-        channels = int(x.ty.shape.values[-1])
-        if eps.size != 1 or gamma.size != channels or beta.size != channels:
-            return None
-        return relax.op.nn.layer_norm(x, relax.const(gamma.reshape(channels)), relax.const(beta.reshape(channels)),
-                                      axes=[-1], epsilon=float(eps.reshape(())))
-
-    return recognize(mod, out, rewrite, "LayerNormalization")
-
-
-def _rmsnorm_pattern():
-    from tvm.relax.dpl import is_const, is_op, wildcard
-
-    def comm(op: str, a, b):
-        return is_op(op)(a, b) | is_op(op)(b, a)
-
-    x = wildcard()
-    square = is_op("relax.power")(x, is_const()) | is_op("relax.multiply")(x, x)
-    mean = is_op("relax.mean")(square)
-    eps = is_const()
-    den = comm("relax.add", mean, eps)
-    one = is_const()
-    inv = is_op("relax.divide")(one, is_op("relax.sqrt")(den)) | is_op("relax.rsqrt")(den)
-    normed = comm("relax.multiply", x, inv) | is_op("relax.divide")(x, is_op("relax.sqrt")(den))
-    gamma = is_const()
-    out = comm("relax.multiply", normed, gamma)
-    return out, dict(x=x, mean=mean, square=square, eps=eps, one=one, gamma=gamma)
-
-
-def recognize_rmsnorm(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[list[str]]]:
-    """x * 1/sqrt(mean(x^2) + eps) * gamma (HF's LlamaRMSNorm, T5's LayerNorm, as exported) -> one rms_norm op.
-
-    Only the exact semantics: mean over the last axis with keepdims, power 2, a numerator of exactly 1,
-    and a per-channel gamma over that axis.
-    """
-    out, parts = _rmsnorm_pattern()
-
-    def rewrite(m: dict) -> relax.Expr | None:
-        x = m[parts["x"]]
-        if not isinstance(x.ty, relax.TensorType) or x.ty.shape is None:
-            return None
-        ndim = len(x.ty.shape.values)
-        call = m[parts["mean"]]
-        axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
-        if not call.attrs.keepdims or [a % ndim for a in axes] != [ndim - 1]:
-            return None
-        sq = m[parts["square"]]
-        if sq.op.name == "relax.power" and float(np.asarray(_np(sq.args[1])).reshape(())) != 2.0:
-            return None
-        if parts["one"] in m and np.asarray(_np(m[parts["one"]])).size == 1 and \
-                float(np.asarray(_np(m[parts["one"]])).reshape(())) != 1.0:
-            return None
-        gamma, eps = _np(m[parts["gamma"]]), _np(m[parts["eps"]])
-        try:
-            channels = int(x.ty.shape.values[-1])
-        except TypeError:
-            return None
-        if eps.size != 1 or gamma.size != channels or gamma.shape[-1:] != (channels,) or \
-                str(gamma.dtype) != str(x.ty.dtype):
-            return None
-        return relax.op.nn.rms_norm(x, relax.const(gamma.reshape(channels)), axes=[-1],
-                                    epsilon=float(eps.reshape(())))
-
-    return recognize(mod, out, rewrite, "RMSNorm")
-
 
 # ------------------------------------------------------------------------ replacement kernels
 
-@relax.expr_functor.mutator
-class _Replacer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, replacements: dict, spec) -> None:
-        super().__init__(mod)
-        self.mod_ = mod
-        self.replacements, self.spec = replacements, spec
-        self.calls: list[tuple[str, str]] = []      # (kernel, composite) per replaced call, in order
-        self.refused: list[str] = []                # composites whose replacement returned None
 
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        call = binding.value
-        if isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar) \
-                and call.op.name_hint in self.replacements:
-            args = [self.visit_expr(a) for a in call.args]
-            new = self.replacements[call.op.name_hint](self.builder_, self.mod_[call.op], args, self.spec)
-            if new is not None:
-                var = self.builder_.emit(new, binding.var.name)
-                if (kernel := self._kernel_of(new)) is not None:
-                    self.calls.append((kernel, call.op.name_hint))
-                self.set_var_remap(binding.var, var)
-                return
-            self.refused.append(call.op.name_hint)
-        super().visit_var_binding_(binding)
-
-    def _kernel_of(self, expr: relax.Expr) -> str | None:
-        """The hand-written kernel a replacement calls: its call_tir, or the one under the reshapes around it
-        (rank-3 attention, [batch * heads, seq, d], is squeezed back from the kernel's 4-D output)."""
-        for _ in range(4):
-            if isinstance(expr, relax.Var):
-                expr = self.builder_.lookup_binding(expr)
-            if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
-                return None
-            if expr.op.name == "relax.call_tir":
-                return expr.args[0].name_hint
-            expr = expr.args[0]
-        return None
-
-
-def apply_replacements(mod: tvm.IRModule, replacements: dict,
-                       spec) -> tuple[tvm.IRModule, list[tuple[str, str]], list[str]]:
-    """Replace calls of composite functions by hand-written kernels.
-
-    `replacements` maps a composite function name to `fn(builder, function, args, spec) -> expr | None`.
-    Returns the module (unused composites removed), (kernel PrimFunc name, composite name) per replaced
-    call in `main`'s order: identical calls share one kernel (ViT's 12 attention layers), so only the
-    order tells which composite, and so which ONNX nodes, a call stands for; and the composites whose
-    replacement refused them (left as they were).
-    """
-    if not replacements:
-        return mod, [], []
-    rep = _Replacer(mod, replacements, spec)
-    main = mod.get_global_var("main")
-    rep.builder_.update_func(main, rep.visit_expr(mod["main"]))
-    out = rep.builder_.get()
-    for name, composite in dict(rep.calls).items():
-        gv = out.get_global_var(name)
-        out[gv] = out[gv].with_attr("tirx.is_scheduled", True).with_attr("fuseguard.kernel", composite)
-    out = relax.transform.DeadCodeElimination(["main"])(out)
-    return out, rep.calls, rep.refused

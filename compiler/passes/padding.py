@@ -25,7 +25,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .normalize import each_relax_function, rebind, static_dims
+from ..ir.rewrite import each_relax_function, rebind
+from ..ir.helpers import static_dims
 
 #: Ops that map finite values to finite values, elementwise: the padded channels may pass through them.
 #: Not exp, log, sqrt, pow, or a divide by a tensor: a padded zero could become inf or NaN there, and a

@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 
 from ..errors import UsageError
-from .normalize import tensor_dtype
+from ..ir.helpers import tensor_dtype
 
 #: --precision values and the element type each computes GEMM operands in.
 PRECISIONS: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -25,7 +25,8 @@ import tvm
 from tvm import relax
 
 from .layout import _bound
-from .normalize import _np, recognize
+from ..ir.helpers import numpy_of
+from ..ir.rewrite import recognize
 
 #: integer types a pair may pass through, and their ranges (the quantize's clip)
 _RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
@@ -54,7 +55,7 @@ def _qparam(expr: relax.Expr, axis: int, rank: int) -> relax.Expr | None:
     0-d constant; a per-axis constant of C values as shape (1, .., C, .., 1); anything else: None."""
     if not isinstance(expr, tvm.ir.Constant):
         return None
-    value = np.asarray(_np(expr), np.float32)
+    value = np.asarray(numpy_of(expr), np.float32)
     if value.size == 1:
         return relax.const(value.reshape(()), "float32")
     if value.ndim != 1 or rank == 0:
@@ -120,7 +121,7 @@ def _chain_pattern():
 def _scalar(e: relax.Expr) -> float | None:
     """A one-element constant's value (any rank), or a clip bound (a PrimValue)."""
     if hasattr(getattr(e, "value", None), "numpy"):      # a tensor constant
-        v = np.asarray(_np(e))
+        v = np.asarray(numpy_of(e))
         return float(v.reshape(())) if v.size == 1 else None
     return _bound(e)
 
@@ -160,10 +161,10 @@ def _legalize_quantize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     data, scale, zero = call.args
     out_dtype = str(call.attrs.out_dtype)
     if not (isinstance(scale, tvm.ir.Constant) and isinstance(zero, tvm.ir.Constant)) \
-            or np.asarray(_np(scale)).size != 1 or np.asarray(_np(zero)).size != 1 or out_dtype not in _RANGES:
+            or np.asarray(numpy_of(scale)).size != 1 or np.asarray(numpy_of(zero)).size != 1 or out_dtype not in _RANGES:
         return _DEFAULT_QUANTIZE(bb, call)
-    s = float(np.asarray(_np(scale)).reshape(()))
-    z = float(np.asarray(_np(zero)).reshape(()))
+    s = float(np.asarray(numpy_of(scale)).reshape(()))
+    z = float(np.asarray(numpy_of(zero)).reshape(()))
     lo, hi = _RANGES[out_dtype]
 
     def compute(x: te.Tensor) -> te.Tensor:

@@ -52,7 +52,8 @@ def write_artifact(source: Any, out_dir: str, *, options: Any, shapes: dict | No
     from fuseguard.compiler.plugins import load_env_plugins
 
     from .compare import compare_outputs
-    from .model import SuiteSpec, run_onnxruntime
+    from .model import SuiteSpec
+    from .reference import run_onnxruntime
     from .inputs import make_inputs
 
     load_env_plugins()
@@ -137,7 +138,7 @@ def verify_artifact(directory: str) -> dict:
     from tvm import relax
 
     from .compare import compare_outputs
-    from .model import run_onnxruntime
+    from .reference import run_onnxruntime
     from .inputs import make_inputs
 
     d = _find(Path(directory))

@@ -23,7 +23,8 @@ from fuseguard.compiler.frontend.loader import LoadedModel, error_line, load
 from fuseguard.compiler.pipeline import CompileOptions
 
 from .compare import CompareResult, Tolerance, compare_outputs
-from .model import NO_CUDA_DEVICE, BuildResult, ModelVerdict, SuiteSpec, _build_and_run
+from .model import NO_CUDA_DEVICE, SuiteSpec, build_and_run
+from .results import BuildResult, ModelVerdict
 from .inputs import make_inputs
 
 #: Draws when --draws is not given: the issue's bar for the transformer suites.
@@ -183,8 +184,8 @@ def verify_dynamic(source: str | bytes | onnx.ModelProto | SuiteSpec, *, options
     draws = DEFAULT_DRAWS if draws is None else draws
     spec = resolve(options.gpu_arch, options.mcpu)
     skipped = NO_CUDA_DEVICE if spec.is_gpu and not cuda_device_present() else None
-    fused, fused_model = _build_and_run(loaded, options, options.config_label, {}, None, tolerances, per_output)
-    unfused, unfused_model = _build_and_run(loaded, options.unfused(), "unfused", {}, None, tolerances, per_output)
+    fused, fused_model = build_and_run(loaded, options, options.config_label, {}, None, tolerances, per_output)
+    unfused, unfused_model = build_and_run(loaded, options.unfused(), "unfused", {}, None, tolerances, per_output)
     verdict = DynamicVerdict(model=loaded.name, target=spec.label, nodes=loaded.num_nodes,
                              input_shapes=loaded.input_shapes, seed=seed, fused=fused, unfused=unfused,
                              skipped_run=skipped, warnings=list(loaded.warnings), dynamic=as_spec(options.dynamic),

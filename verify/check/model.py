@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,14 @@ from fuseguard.compiler import progress
 from fuseguard.compiler.cache import compile_cached
 from fuseguard.compiler.plugins import load_env_plugins
 from fuseguard.compiler.pipeline import CompileOptions, CompiledModel
-from fuseguard.compiler.fusion.report import FusionReport
 from fuseguard.compiler.hw.target import cuda_device_present, resolve
 
-from .compare import CompareResult, Tolerance, compare_outputs, rescue_boundary_flips, uninformative_outputs
+from .compare import Tolerance, compare_outputs, rescue_boundary_flips, uninformative_outputs
 from .precision import (check_against_fp64, fp64_reference, is_qdq, loose_tolerances, qdq_tolerances,
                         quantisation_error)
 from .inputs import load_npz, make_inputs
+from .reference import reference_providers, run_onnxruntime
+from .results import BuildResult, ModelVerdict
 
 NO_CUDA_DEVICE = "no CUDA device"
 
@@ -80,114 +81,7 @@ def resolve_model_arg(item: str, *, dims: Mapping[str, int] | None = None,
     return SuiteSpec(model.name, tuple(sorted(merged.items())), seed=seed or 0)
 
 
-@dataclass
-class BuildResult:
-    config: str
-    compile_s: float = 0.0
-    kernels: int = 0
-    groups: int = 0
-    pattern_groups: int = 0
-    ran: bool = False
-    run_s: float = 0.0
-    compare: CompareResult | None = None
-    error: str | None = None
-    traceback: str | None = None    # the worker-side traceback of `error` (shown with --debug)
-    report: FusionReport | None = None     # the build's own report: a dataclass that pickles
-    cached: bool = False            # served from the build cache (compile_s is then the original build's)
-    #: reduced-precision builds (the fused side): its error against fp64 beside the unfused build's
-    fp64: Any = None                # verify.check.precision.Fp64Check
-
-    @property
-    def passed(self) -> bool:
-        return self.error is None and (self.compare is None or bool(self.compare)) \
-            and (self.fp64 is None or bool(self.fp64))
-
-    @property
-    def max_abs_error(self) -> float | None:
-        """The worst finite error over outputs that have one (a shape mismatch or a missing output has
-        none); None when no output has one."""
-        if self.compare is None:
-            return None
-        errors = [r.max_abs_error for r in self.compare.values() if r.max_abs_error is not None]
-        return max(errors) if errors else None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k not in ("compare", "fp64", "report")}
-        d["report"] = self.report.to_dict() if self.report is not None else {}
-        d["compare"] = self.compare.to_dict() if self.compare is not None else None
-        d["fp64"] = self.fp64.to_dict() if self.fp64 is not None else None
-        d["max_abs_error"] = self.max_abs_error
-        d["passed"] = self.passed
-        return d
-
-
-@dataclass
-class ModelVerdict:
-    model: str
-    target: str
-    nodes: int
-    input_shapes: dict[str, tuple[int, ...]]
-    seed: int
-    fused: BuildResult
-    unfused: BuildResult
-    skipped_run: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    precision: str = "fp32"
-    #: int8 QDQ models: each build's and ONNX Runtime's distance from the fp32 model (information only)
-    quantisation: Any = None        # verify.check.precision.QuantisationError
-
-    @property
-    def status(self) -> str:
-        if self.fused.error or self.unfused.error:
-            return "ERROR"
-        if self.skipped_run:
-            return "COMPILED"
-        return "PASS" if self.fused.passed and self.unfused.passed else "FAIL"
-
-    @property
-    def passed(self) -> bool:
-        return self.status in ("PASS", "COMPILED")
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "target": self.target, "nodes": self.nodes,
-                "input_shapes": {k: list(v) for k, v in self.input_shapes.items()}, "seed": self.seed,
-                "status": self.status, "precision": self.precision, "skipped_run": self.skipped_run, "warnings": list(self.warnings),
-                "fused": self.fused.to_dict(), "unfused": self.unfused.to_dict(),
-                "quantisation": self.quantisation.to_dict() if self.quantisation is not None else None}
-
-
-def reference_providers(gpu: bool) -> list[str]:
-    """ONNX Runtime's providers for the reference: its CUDA provider when the build is a GPU's and
-    onnxruntime-gpu is installed (same device, same math library family), else its CPU provider."""
-    import onnxruntime as ort
-
-    if gpu and "CUDAExecutionProvider" in ort.get_available_providers():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
-def run_onnxruntime(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], *, optimize: bool = False,
-                    threads: int | None = None, providers: list[str] | None = None) -> dict[str, np.ndarray]:
-    """The reference: ONNX Runtime (its CPU provider unless `providers`), graph optimisations off unless asked."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=providers or ["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    feed = {i.name: inputs[i.name] for i in session.get_inputs()}
-    return dict(zip(names, session.run(names, feed)))
-
-
-def _build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, inputs: Mapping[str, np.ndarray],
+def build_and_run(loaded: LoadedModel, options: CompileOptions, config: str, inputs: Mapping[str, np.ndarray],
                    reference: Mapping[str, np.ndarray] | None, tolerances: Any,
                    per_output: Mapping[str, Tolerance] | None,
                    keep: dict[str, np.ndarray] | None = None) -> tuple[BuildResult, CompiledModel | None]:
@@ -274,9 +168,9 @@ def verify_model(source: str | bytes | onnx.ModelProto | SuiteSpec, *, shapes: M
             per_output = qdq_tolerances(loaded.model) or None
     fused_out: dict[str, np.ndarray] = {}
     unfused_out: dict[str, np.ndarray] = {}
-    fused, _ = _build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output,
+    fused, _ = build_and_run(loaded, options, options.config_label, inputs, reference, tolerances, per_output,
                               keep=fused_out)
-    unfused, _ = _build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output,
+    unfused, _ = build_and_run(loaded, options.unfused(), "unfused", inputs, reference, tolerances, per_output,
                                 keep=unfused_out)
     notes = list(loaded.warnings)
     if reference is not None and not reduced:     # reduced precision compares against loose, scale-aware bounds

@@ -105,7 +105,7 @@ def make_bundle(out_dir: str | Path, *, target: str = "sm_90", mode: str = "full
     from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions, compile_model
 
-    from ..check.model import run_onnxruntime
+    from ..check.reference import run_onnxruntime
 
     out = Path(out_dir)
     (out / "lib").mkdir(parents=True, exist_ok=True)

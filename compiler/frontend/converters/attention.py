@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from tvm import relax
 
-from ...passes.normalize import static_dims
+from ...ir.helpers import static_dims
 
 
 def is_onnx_attention(attrs: dict) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from ...passes.normalize import static_dims, tensor_dtype
+from ...ir.helpers import static_dims, tensor_dtype
 
 
 @dataclass(frozen=True)

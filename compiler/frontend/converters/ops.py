@@ -18,7 +18,7 @@ import onnx
 from tvm import relax, te, tirx
 
 from . import narrow_floats, rnn as onnx_rnn, semantics as onnx_semantics, subbyte
-from ...passes.normalize import const_values, static_dims
+from ...ir.helpers import const_values, static_dims
 
 
 def _scalar(value: float, like: relax.Expr | str) -> relax.Expr:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 from tvm import relax
 
-from ...passes.normalize import static_dims
+from ...ir.helpers import static_dims
 
 R = relax.op
 

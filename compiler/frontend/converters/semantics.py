@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from tvm import relax, te, tirx
 
-from ...passes.normalize import const_values, static_dims, tensor_dtype
+from ...ir.helpers import const_values, static_dims, tensor_dtype
 
 
 

@@ -24,7 +24,7 @@ from tvm import relax, te, tirx
 
 from . import narrow_floats
 from ...errors import ModelError
-from ...passes.normalize import tensor_dtype
+from ...ir.helpers import tensor_dtype
 
 #: ONNX type -> (bits, signed) for the sub-byte integers
 INTEGERS: dict[int, tuple[int, bool]] = {

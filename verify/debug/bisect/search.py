@@ -114,7 +114,7 @@ class _Bisector:
         from fuseguard.compiler.capture import align
         from fuseguard.compiler.hw.target import cuda_device_present, resolve
 
-        from ...check.model import run_onnxruntime
+        from ...check.reference import run_onnxruntime
 
         res = self.result
         spec = resolve(self.options.gpu_arch, self.options.mcpu)
@@ -211,7 +211,7 @@ class _Bisector:
         """Set up the comparison a reduced build is judged by (verify's, per intermediate): every tensor vs ONNX
         Runtime fp32 with the precision's loose budget, and the fused build vs fp64 beside the unfused build
         (dynamo's rule). Returns the fp64 value of every exposed tensor, or None when no fp64 run agrees."""
-        from ...check.model import run_onnxruntime
+        from ...check.reference import run_onnxruntime
         from ...check.precision import check_against_fp64, fp64_reference, loose_tolerances
 
         precision = self.options.precision
@@ -338,7 +338,7 @@ class _Bisector:
         from fuseguard.compiler.frontend.loader import load
         from fuseguard.compiler.cache import compile_cached
 
-        from ...check.model import run_onnxruntime
+        from ...check.reference import run_onnxruntime
 
         g = self.graph
         memo: dict[int, tuple[bool, CompareResult | None]] = {}
@@ -452,7 +452,8 @@ class _Bisector:
                     u2onnx: Mapping[str, str], reference: Mapping[str, np.ndarray]) -> Reproducer:
         import onnx
 
-        from ...check.model import run_onnxruntime, verify_model
+        from ...check.reference import run_onnxruntime
+        from ...check.model import verify_model
 
         values: dict[str, np.ndarray] = dict(self.inputs)
         for key, tensor in u2onnx.items():
