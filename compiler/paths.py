@@ -7,6 +7,12 @@ from pathlib import Path
 
 from . import settings
 
+#: The folder that holds compiler/, verify/, suites/ and baselines/: a checkout's root (or site-packages/fuseguard
+#: once installed). The one place a module finds the decision database, the stored baselines or the tree a
+#: worker puts on `sys.path`: computed from this file's own place, so a module moved to another folder cannot
+#: silently point them elsewhere (tests/test_structure.py checks no other module computes one).
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 ENV_DIR = "FUSEGUARD_CACHE_DIR"
 ENV_OFF = "FUSEGUARD_NO_CACHE"
 

@@ -234,7 +234,7 @@ class CompiledModel:
         dev = self.device()
         args = [tvm.runtime.tensor(subbyte.container_input(np.asarray(inputs[n], order="C")), dev)
                 for n in self.input_names]
-        out = [_to_numpy(t) for t in _flatten(self.vm()["main"](*args))]
+        out = [to_numpy(t) for t in flatten_outputs(self.vm()["main"](*args))]
         for i, onnx_type in self.narrow_outputs.items():
             out[i] = subbyte.from_container(out[i], onnx_type)
         return out
@@ -259,7 +259,7 @@ class CompiledModel:
         return generated_source(self.executable, "cuda")
 
 
-def _to_numpy(value: Any) -> np.ndarray:
+def to_numpy(value: Any) -> np.ndarray:
     """One VM output as an array: a tensor, a shape value (ONNX `Shape` output, int64) or a scalar."""
     if isinstance(value, tvm.runtime.Tensor):
         return np.asarray(value.numpy())
@@ -270,14 +270,14 @@ def _to_numpy(value: Any) -> np.ndarray:
     raise TypeError(f"unexpected VM output of type {type(value).__name__}")
 
 
-def _flatten(value: Any) -> list[Any]:
+def flatten_outputs(value: Any) -> list[Any]:
     """The VM's (possibly nested) result as a flat list of outputs; a shape value is one output."""
     if isinstance(value, (tvm.runtime.Tensor, tvm_ffi.Shape)):
         return [value]
     if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
         out: list[Any] = []
         for item in value:
-            out.extend(_flatten(item))
+            out.extend(flatten_outputs(item))
         return out
     return [value]
 

@@ -69,7 +69,7 @@ def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pyte
     """A fused build that goes wrong from seq 23 on (a remainder path, say) fails at exactly 23."""
     import fuseguard.verify.check.dynamic as vd
 
-    real = vd._build_and_run
+    real = vd.build_and_run
 
     def broken_from_23(loaded, options, config, *args, **kwargs):
         result, compiled = real(loaded, options, config, *args, **kwargs)
@@ -83,7 +83,7 @@ def test_a_size_that_fails_is_found_and_shrunk_to_the_smallest(monkeypatch: pyte
             compiled.run = wrong
         return result, compiled
 
-    monkeypatch.setattr(vd, "_build_and_run", broken_from_23)
+    monkeypatch.setattr(vd, "build_and_run", broken_from_23)
     verdict = verify_dynamic(SuiteSpec("softmax_layernorm"), options=CompileOptions(dynamic=parse_dynamic("seq")),
                              draws=40, seed=3)
     assert not verdict and verdict.status == "FAIL"

@@ -142,6 +142,7 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
     pay a wake-up and read bert_tiny's attention 2.7x slower than deployed); bench, which times ONNX Runtime
     in the same process, turns it off on both sides."""
     import fuseguard.verify.cli as cli
+    import fuseguard.verify.cli.perf as cli_perf
     import fuseguard.verify.worker as worker_mod
 
     seen: dict[str, dict[str, str]] = {}
@@ -161,7 +162,7 @@ def test_tvm_only_timing_keeps_the_pools_spinning(monkeypatch) -> None:
         return iter(())
 
     monkeypatch.setattr(worker_mod, "Worker", Recorder)
-    monkeypatch.setattr(cli, "_each_model", fake_each_model)
+    monkeypatch.setattr(cli_perf, "each_model", fake_each_model)
     for command in ("profile", "tune"):
         assert cli.main([command, "mlp_gelu"]) == 0
         assert "TVM_THREAD_POOL_SPIN_COUNT" not in seen[command], command

@@ -52,7 +52,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], numeric: Seque
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _png(fig: Any) -> str:
+def png_data_uri(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -93,7 +93,7 @@ def _error_plot(name: str, fused: Mapping[str, Any] | None, unfused: Mapping[str
     ax2.set_yscale("log")
     ax2.set_title("error histograms", fontsize=9)
     ax2.legend(fontsize=7)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def _compare_section(fc: Mapping[str, Any], uc: Mapping[str, Any], *, reference: str = "ORT",
@@ -239,7 +239,7 @@ def _profile_plot(groups: Sequence[Mapping[str, Any]]) -> str:
     ax.set_yticks(list(ys), [f"{g['kernel'][:40]} ({g.get('pattern') or 'single'})" for g in top], fontsize=7)
     ax.set_xlabel("us per call")
     ax.legend(fontsize=7)
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def _profile_section(p: Mapping[str, Any], *, table: bool = True) -> list[str]:
@@ -364,7 +364,7 @@ def _ratio_plot(names: Sequence[str], series: Mapping[str, tuple[Sequence[float]
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return png_data_uri(fig)
 
 
 def render_bench(results: Sequence[Mapping[str, Any]], *, title: str = "fuseguard bench", note: str = "") -> str:

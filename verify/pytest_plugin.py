@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fuseguard.compiler.paths import PROJECT_ROOT
 
 
 def _settings() -> Any:
@@ -142,7 +143,7 @@ def fuseguard_worker(request: pytest.FixtureRequest) -> Iterator[Any]:
     from .perf.timing import timing_env
 
     env = {**env_for(request.config.getoption("--fuseguard-plugin") or []), **timing_env()}
-    worker = Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=env)
+    worker = Worker(sys_path=[str(PROJECT_ROOT)], env=env)
     yield worker
     worker.close()
 

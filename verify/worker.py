@@ -40,8 +40,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any
+from fuseguard.compiler.paths import PROJECT_ROOT
 
 __all__ = [
     "Worker",
@@ -53,7 +53,7 @@ __all__ = [
     "get_worker",
 ]
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_PROJECT_ROOT = str(PROJECT_ROOT)
 _BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv[1]); "
               "from fuseguard.verify.worker import _child_main; _child_main(int(sys.argv[2]))")
 _TAIL_LINES = 40

@@ -26,9 +26,10 @@ import tvm
 from tvm import relax
 
 from .. import settings
+from ..paths import PROJECT_ROOT
 
 ENV = "FUSEGUARD_DECISION_DB"
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "baselines" / "decisions"
+DEFAULT_DIR = PROJECT_ROOT / "baselines" / "decisions"
 SCHEMA = 1
 
 

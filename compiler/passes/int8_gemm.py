@@ -29,7 +29,7 @@ from tvm import relax
 
 from ..ir.helpers import numpy_of
 from ..ir.rewrite import recognize
-from .qdq import _scalar
+from .qdq import scalar_value
 
 _SHIFT = {"int8": 128, "uint8": 0}
 
@@ -64,7 +64,7 @@ def integer_matmuls(mod: tvm.IRModule, lanes: int) -> tuple[tvm.IRModule, int, i
                 or not isinstance(x_ty, relax.TensorType) or str(x_ty.dtype) != "float32" \
                 or str(mm.attrs.out_dtype) not in ("", "None", "void", "float32"):
             return None
-        params = [_scalar(m[p[k]]) for k in ("s_q", "z_q", "s_x", "z_x")]
+        params = [scalar_value(m[p[k]]) for k in ("s_q", "z_q", "s_x", "z_x")]
         if any(v is None for v in params):
             return None
         s_q, z_q, s_x, z_x = params

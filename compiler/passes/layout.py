@@ -99,7 +99,7 @@ def conv_layout(call: relax.Call, block: int) -> list[str] | None:
     return None
 
 
-def _bound(arg: relax.Expr) -> float | None:
+def clip_bound(arg: relax.Expr) -> float | None:
     """A clip bound given as a constant PrimValue, else None."""
     value = getattr(arg, "value", None)       # FloatImm.value, or PrimValue.value.value
     value = value if isinstance(value, (int, float)) else getattr(value, "value", None)
@@ -140,7 +140,7 @@ class _ClipAsMinMax(relax.PyExprMutator):
             return _full_rank_constants(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
             return call
-        lo, hi = _bound(call.args[1]), _bound(call.args[2])
+        lo, hi = clip_bound(call.args[1]), clip_bound(call.args[2])
         x = call.args[0]
         dims = static_dims(x)
         if lo is None or hi is None or dims is None or len(dims) != 4:

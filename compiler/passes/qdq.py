@@ -24,7 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .layout import _bound
+from .layout import clip_bound
 from ..ir.helpers import numpy_of
 from ..ir.rewrite import recognize
 
@@ -118,12 +118,12 @@ def _chain_pattern():
     return pattern, clip, (x, s_q, z_q, lo, hi, c_lo, c_hi, z_dq, s_dq)
 
 
-def _scalar(e: relax.Expr) -> float | None:
+def scalar_value(e: relax.Expr) -> float | None:
     """A one-element constant's value (any rank), or a clip bound (a PrimValue)."""
     if hasattr(getattr(e, "value", None), "numpy"):      # a tensor constant
         v = np.asarray(numpy_of(e))
         return float(v.reshape(())) if v.size == 1 else None
-    return _bound(e)
+    return clip_bound(e)
 
 
 def as_qdq_ops(mod: tvm.IRModule) -> tvm.IRModule:
@@ -136,7 +136,7 @@ def as_qdq_ops(mod: tvm.IRModule) -> tvm.IRModule:
 
     def rewrite(m: dict) -> relax.Expr | None:
         bounds = (c_lo, c_hi) if clip in m else (lo, hi)
-        values = [_scalar(m[p]) for p in (s_q, z_q, *bounds, z_dq, s_dq)]
+        values = [scalar_value(m[p]) for p in (s_q, z_q, *bounds, z_dq, s_dq)]
         if any(v is None for v in values):
             return None
         scale_q, zero_q, low, high, zero_dq, scale_dq = values

@@ -16,7 +16,7 @@ from tvm.s_tir import dlight
 
 from ..hw.hostcpu import HostCPU
 from . import approx
-from .tir_analysis import (BufferLoad, _realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks,
+from .tir_analysis import (BufferLoad, realize_of, int_or_none, is_spatial, loops_match_iters, root_blocks,
                            try_inline_all)
 
 # Below this many output elements a parallel region costs more than it saves (thread wake-up ~µs).
@@ -236,7 +236,7 @@ def schedule_vector_row_reduction(func: tirx.PrimFunc, host: HostCPU, *, num_thr
     for rf, ext in factored:
         # the lane loop (bound to the rf block's new spatial iter) innermost and vectorised, the rest of
         # the row outside it, its init hoisted before the row loop
-        realize = _realize_of(sch, rf)
+        realize = realize_of(sch, rf)
         block = sch.get(rf)
         lane_iter = block.writes[0].region[-1].min        # rfactor appended the lane axis last
         by_var = {str(sch.get(lp).loop_var): lp for lp in sch.get_loops(rf)}

@@ -253,7 +253,7 @@ def schedule_matmul(
     if epilogue is None:
         # Accumulate into a tile-local buffer; writing the output in place per k-step would go to memory.
         epilogue = sch.cache_write(mm, 0, "global")
-    elif not _elementwise_on(sch, epilogue, mm):
+    elif not elementwise_on(sch, epilogue, mm):
         return False
     tile_out, apart = epilogue, None
     if given and padded_n and not parallel and info.n is not None and info.n % tiles.nr and info.n > tiles.nr:
@@ -416,7 +416,7 @@ def clamp_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_mutate(func, (tvm.ir.expr.Call, _call))
 
 
-def _elementwise_on(sch: s_tir.Schedule, epi: SBlockRV, mm: SBlockRV) -> bool:
+def elementwise_on(sch: s_tir.Schedule, epi: SBlockRV, mm: SBlockRV) -> bool:
     """The epilogue must read the matmul result at the point it writes (so it fits the tile)."""
     eb = sch.get(epi)
     mb = sch.get(mm)

@@ -29,7 +29,7 @@ from tvm.script import tirx as T
 from tvm.s_tir import TensorIntrin
 
 from ..hw.hostcpu import HostCPU, host_from_target
-from .cpu_matmul import MatmulInfo, _elementwise_on, match_matmul
+from .cpu_matmul import MatmulInfo, elementwise_on, match_matmul
 from .tir_analysis import inline_around, int_or_none, loops_match_iters
 
 #: products summed into one int32 lane by a vpdpbusd
@@ -142,7 +142,7 @@ def schedule_matmul_int8(sch: s_tir.Schedule, info: MatmulInfo, tiles: Int8Tiles
         mm, epilogue = _pad_rows(sch, mm, epilogue, info, tiles.mr)
     if epilogue is None:
         epilogue = sch.cache_write(mm, 0, "global")
-    elif not _elementwise_on(sch, epilogue, mm):
+    elif not elementwise_on(sch, epilogue, mm):
         return False
     if not loops_match_iters(sch, mm):
         return False

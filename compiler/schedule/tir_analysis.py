@@ -99,7 +99,7 @@ def loops_match_iters(sch: s_tir.Schedule, block_rv: SBlockRV) -> bool:
 
     This is the shape legalisation produces; the rules rely on it to map iterators to loops.
     """
-    realize = _realize_of(sch, block_rv)
+    realize = realize_of(sch, block_rv)
     if realize is None:
         return False
     loops = sch.get_loops(block_rv)
@@ -114,7 +114,7 @@ def loops_match_iters(sch: s_tir.Schedule, block_rv: SBlockRV) -> bool:
     return True
 
 
-def _realize_of(sch: s_tir.Schedule, block_rv: SBlockRV) -> s_tir.SBlockRealize | None:
+def realize_of(sch: s_tir.Schedule, block_rv: SBlockRV) -> s_tir.SBlockRealize | None:
     block = sch.get(block_rv)
     found: list[s_tir.SBlockRealize] = []
 

@@ -162,9 +162,9 @@ def verify_artifact(directory: str) -> dict:
     inputs = make_inputs(model, {k: tuple(v) for k, v in manifest["input_shapes"].items()}, seed=manifest["seed"])
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(d / LIBRARY)), tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in manifest["input_names"]])
-    from fuseguard.compiler.pipeline import _flatten, _to_numpy
+    from fuseguard.compiler.pipeline import flatten_outputs, to_numpy
 
-    outputs = dict(zip(manifest["output_names"], [_to_numpy(t) for t in _flatten(out)]))
+    outputs = dict(zip(manifest["output_names"], [to_numpy(t) for t in flatten_outputs(out)]))
     result = compare_outputs(outputs, run_onnxruntime(model, inputs))
     worst = max((r.max_abs_error for r in result.values() if r.max_abs_error is not None), default=None)
     was = manifest.get("verification", {}).get("max_abs_error")

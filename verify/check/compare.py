@@ -518,7 +518,7 @@ def compare_outputs(actual: Mapping[str, Any] | Sequence[Any], reference: Mappin
     return CompareResult(results)
 
 
-def _rmse(x: np.ndarray, y: np.ndarray) -> float:
+def rmse_of(x: np.ndarray, y: np.ndarray) -> float:
     diff = x.astype(np.float64) - y.astype(np.float64)
     return float(np.sqrt(np.mean(diff * diff))) if diff.size else 0.0
 
@@ -550,7 +550,7 @@ def compare_with_fp64_tiebreak(actual: Mapping[str, Any] | Sequence[Any],
             raise UsageError(f"fp64 reference for output {name!r} is missing or has shape "
                              f"{None if name not in gold else tuple(gold[name].shape)}, "
                              f"expected {tuple(ref[name].shape)}")
-        res_err, ref_err = _rmse(act[name], gold[name]), _rmse(ref[name], gold[name])
+        res_err, ref_err = rmse_of(act[name], gold[name]), rmse_of(ref[name], gold[name])
         bound = mult * ref_err + r.tolerance.atol / 10
         verdict = f"rmse(actual, fp64)={res_err:.3g} vs {mult:g} * rmse(reference, fp64)={ref_err:.3g} + atol/10"
         if res_err <= bound:

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .compare import Tolerance, _rmse
+from .compare import Tolerance, rmse_of
 
 #: dynamo's `same()` multiplier for half types (2.0 for fp32): the fused build may be this many times as
 #: far from fp64 as the unfused build.
@@ -43,7 +43,7 @@ def loose_tolerances(precision: str, reference: Mapping[str, np.ndarray]) -> dic
     out = {}
     for name, ref in reference.items():
         if np.issubdtype(np.asarray(ref).dtype, np.floating) and np.size(ref):
-            rms = _rms(ref)
+            rms = rms_of(ref)
             out[name] = Tolerance(rtol=b, atol=max(b * rms, 1e-30))
     return out
 
@@ -131,8 +131,8 @@ def _disagreement(got: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray])
         if name not in got or np.shape(got[name]) != np.shape(ref):
             return math.inf
         if np.issubdtype(np.asarray(ref).dtype, np.floating) and np.size(ref):
-            scale = _rms(ref)
-            worst = max(worst, _rmse(got[name], ref) / max(scale, 1e-30))
+            scale = rms_of(ref)
+            worst = max(worst, rmse_of(got[name], ref) / max(scale, 1e-30))
     return worst
 
 
@@ -197,9 +197,9 @@ def fp64_reference(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], out
     raise ValueError("; ".join(tried))
 
 
-def _rms(x: np.ndarray) -> float:
+def rms_of(x: np.ndarray) -> float:
     """Root mean square in float64 (0 for an empty array): the scale every bound here is relative to."""
-    return _rmse(np.asarray(x), np.zeros(np.shape(x))) if np.size(x) else 0.0
+    return rmse_of(np.asarray(x), np.zeros(np.shape(x))) if np.size(x) else 0.0
 
 
 @dataclass
@@ -252,8 +252,8 @@ def check_against_fp64(precision: str, fused: Mapping[str, np.ndarray], unfused:
     for name, g in gold.items():
         if name not in fused or name not in unfused or not np.issubdtype(np.asarray(g).dtype, np.floating):
             continue
-        f_err, u_err = _rmse(fused[name], g), _rmse(unfused[name], g)
-        slack = UNIT_ROUNDOFF[precision] * _rms(g)
+        f_err, u_err = rmse_of(fused[name], g), rmse_of(unfused[name], g)
+        slack = UNIT_ROUNDOFF[precision] * rms_of(g)
         check.outputs.append(Fp64Output(name=name, fused_rmse=f_err, unfused_rmse=u_err,
                                         bound=HALF_MULT * u_err + slack))
     return check

@@ -26,8 +26,8 @@ import numpy as np
 from fuseguard.compiler.errors import UsageError
 
 from .gate import GatePolicy, GateResult, Measurement, Verdict, evaluate
+from fuseguard.compiler.paths import PROJECT_ROOT
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("base", "candidate")
 #: Compile time and planned memory fail past this factor, the one PyTorch's Inductor dashboard gates compile
 #: time at. Planned memory is deterministic (the static plan's bytes); compile time is not.
@@ -197,7 +197,7 @@ def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2
     import tvm
     from tvm import relax
 
-    from .bench import _ort_session
+    from .bench import ort_session
     from .timing import measure_interleaved
 
     d = Path(directory)
@@ -210,7 +210,7 @@ def time_arms(directory: str, *, threads: int, repeats: int = 7, warmup: int = 2
         args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in meta[label]["input_names"]]
         main = vm["main"]
         fns[label] = (lambda main=main, args=args: main(*args))
-    session = _ort_session(onnx.load(str(d / "model.onnx")), threads, True)
+    session = ort_session(onnx.load(str(d / "model.onnx")), threads, True)
     feed = {i.name: inputs[i.name] for i in session.get_inputs()}
     fns["ort"] = lambda: session.run(None, feed)
     samples = measure_interleaved(fns, warmup=warmup, repeats=repeats, threads=threads)

@@ -93,7 +93,7 @@ class BenchResult:
         return d
 
 
-def _ort_session(model, threads: int, optimize: bool, pools: str = DEFAULT_POOLS):
+def ort_session(model, threads: int, optimize: bool, pools: str = DEFAULT_POOLS):
     import onnxruntime as ort
 
     return ort.InferenceSession(model.SerializeToString(),
@@ -158,8 +158,8 @@ def time_prepared(directory: str, *, threads: int, repeats: int = 7, warmup: int
         main = vm["main"]
         fns[f"tvm_{label}"] = (lambda main=main, args=args: main(*args))
     model = onnx.load(str(d / "model.onnx"))
-    ort_all = _ort_session(model, threads, True, thread_pools)
-    ort_none = _ort_session(model, threads, False, thread_pools)
+    ort_all = ort_session(model, threads, True, thread_pools)
+    ort_none = ort_session(model, threads, False, thread_pools)
     feed = {i.name: inputs[i.name] for i in ort_all.get_inputs()}
     fns["ort"] = lambda: ort_all.run(None, feed)
     fns["ort_noopt"] = lambda: ort_none.run(None, feed)

@@ -110,10 +110,10 @@ def plot(points: Sequence[HistoryPoint], out: str | Path) -> Path:
     ax.set_title("baseline history")
     ax.legend(fontsize="small")
     if out.suffix.lower() == ".html":
-        from ..html import _png
+        from ..html import png_data_uri
 
         out.write_text(f"<!doctype html><meta charset=utf-8><title>baseline history</title>"
-                       f"<h1>baseline history</h1><img src=\"{_png(fig)}\" alt=\"normalised latency per commit\">")
+                       f"<h1>baseline history</h1><img src=\"{png_data_uri(fig)}\" alt=\"normalised latency per commit\">")
     else:
         fig.savefig(out, format="png", dpi=90, bbox_inches="tight")
         plt.close(fig)

@@ -20,8 +20,9 @@ from fuseguard.compiler import settings
 from fuseguard.compiler.pipeline import CompileOptions
 
 from .timing import ForeignLoad, Samples, measure_interleaved, ort_timing_options
+from fuseguard.compiler.paths import PROJECT_ROOT
 
-BASELINE_DIR = Path(__file__).resolve().parent.parent / "baselines"
+BASELINE_DIR = PROJECT_ROOT / "baselines"
 
 #: Above this share of the machine used by other processes during a run, "slower" becomes "inconclusive".
 BUSY_HOST = 0.10
@@ -103,7 +104,6 @@ def _calibration_kernel(spec):
     """A fixed 1024x1024 matmul on the target device: a same-run yardstick where ORT cannot run."""
     import numpy as np
     import tvm
-    from tvm import relax
     from tvm.script import relax as R
 
     @tvm.script.ir_module

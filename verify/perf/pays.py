@@ -18,8 +18,8 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+from fuseguard.compiler.paths import PROJECT_ROOT
 
 #: Fused may be at most 5% slower than unfused (the issue's target); the interval must clear it.
 PAYS_FACTOR = 1.05
@@ -84,7 +84,7 @@ def time_prepared_pays(directory: str, model: str, *, threads: int, env: Mapping
     ratios: list[float] = []
     verdict, est, ci = "inconclusive", float("nan"), (float("nan"), float("nan"))
     while len(ratios) < max_processes:
-        with Worker(sys_path=[str(Path(__file__).resolve().parent.parent)], env=dict(env)) as timer:
+        with Worker(sys_path=[str(PROJECT_ROOT)], env=dict(env)) as timer:
             run = timer.call("fuseguard.verify.perf.bench:time_prepared", what=f"timing {model}", timeout=timeout,
                              directory=directory, threads=threads, repeats=repeats,
                              contenders=("tvm_fused", "tvm_unfused"))

@@ -240,8 +240,8 @@ class _Bisector:
         rule, per intermediate) while its inputs are not: in reduced precision fused and unfused differ
         everywhere by rounding, so "differs from the unfused build" names nothing. A kernel with no ONNX
         tensor (the casts the precision pass adds) is judged against its unfused twin within the budget."""
-        from ...check.compare import _rmse
-        from ...check.precision import BUDGET, HALF_MULT, UNIT_ROUNDOFF, _rms
+        from ...check.compare import rmse_of
+        from ...check.precision import BUDGET, HALF_MULT, UNIT_ROUNDOFF, rms_of
 
         precision = self.options.precision
         by_key = fused.manifest.by_key()
@@ -266,12 +266,12 @@ class _Bisector:
             g = gold.get(tensor) if tensor is not None else None
             if g is None or actual.shape != g.shape or ref.shape != g.shape or not np.issubdtype(g.dtype, np.floating):
                 b = BUDGET[precision]
-                verdict[k.key] = close(actual, ref, Tolerance(rtol=b, atol=max(b * _rms(ref), 1e-30))) \
+                verdict[k.key] = close(actual, ref, Tolerance(rtol=b, atol=max(b * rms_of(ref), 1e-30))) \
                     if np.issubdtype(np.asarray(ref).dtype, np.floating) else bool(np.array_equal(actual, ref))
                 continue
             self.result.compared += 1
-            f_err, u_err = _rmse(actual, g), _rmse(ref, g)
-            bound = HALF_MULT * u_err + UNIT_ROUNDOFF[precision] * _rms(g)
+            f_err, u_err = rmse_of(actual, g), rmse_of(ref, g)
+            bound = HALF_MULT * u_err + UNIT_ROUNDOFF[precision] * rms_of(g)
             verdict[k.key] = bool(np.isfinite(f_err) and f_err <= bound)
             if verdict[k.key]:
                 continue
@@ -284,7 +284,7 @@ class _Bisector:
                 k, target, fused, unfused, alignment, tensor, actual, ref,
                 [t for v in k.input_vars for t in onnx_inputs(v)], inputs_agree, {},
                 fp64=(f"{precision} vs fp64: fused rmse {f_err:.3g}, unfused {u_err:.3g} ({ratio:.2f}x; allowed "
-                      f"{HALF_MULT:g}x + {UNIT_ROUNDOFF[precision]:.2g} x rms {_rms(g):.3g})"))
+                      f"{HALF_MULT:g}x + {UNIT_ROUNDOFF[precision]:.2g} x rms {rms_of(g):.3g})"))
         return None
 
     def _per(self, names: Sequence[str]) -> dict[str, Tolerance] | None:

@@ -1,0 +1,7 @@
+"""`python -m fuseguard.verify.cli ...`: the `fuseguard` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
