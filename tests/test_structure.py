@@ -2,7 +2,8 @@
 
 Product code is `compiler/`, `verify/` and `suites/` minus the test files (`test_*.py`) and the pytest
 plugin (`verify/pytest_plugin.py`, which exists to import pytest). Imports form a DAG, function-level
-(lazy) ones included; `compiler` never imports `verify` or `suites` at any level.
+(lazy) ones and those under `TYPE_CHECKING` included; `compiler` never imports `verify` or `suites` at any
+level; no module imports another's private name; one module computes where the project's root is.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _resolve(module: str, node: ast.ImportFrom | ast.Import, alias: ast.alias, i
     return [base, f"{base}.{alias.name}"]
 
 
-def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
+def _imports(name: str, path: Path, *, top_level_only: bool, type_checking: bool = True) -> set[str]:
     tree = ast.parse(path.read_text())
     is_package = path.name == "__init__.py"
     found: set[str] = set()
@@ -61,7 +62,7 @@ def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
                     continue
                 for alias in stmt.names:
                     found.update(_resolve(name, stmt, alias, is_package))
-            elif isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+            elif isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test) and not type_checking:
                 continue
             for child in ast.iter_child_nodes(stmt):
                 if isinstance(child, ast.stmt):
@@ -73,11 +74,11 @@ def _imports(name: str, path: Path, *, top_level_only: bool) -> set[str]:
     return found
 
 
-def _graph(*, top_level_only: bool) -> dict[str, set[str]]:
+def _graph(*, top_level_only: bool, type_checking: bool = True) -> dict[str, set[str]]:
     modules = _product_modules()
     graph = {}
     for name, path in modules.items():
-        targets = _imports(name, path, top_level_only=top_level_only)
+        targets = _imports(name, path, top_level_only=top_level_only, type_checking=type_checking)
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -111,10 +112,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 @pytest.mark.parametrize("top_level_only", [True, False], ids=["module-level", "all-imports"])
 def test_no_import_cycles(top_level_only: bool) -> None:
+    """`TYPE_CHECKING` imports count: a cycle only a type checker follows is still two modules that each need
+    the other's vocabulary (the old cost <-> patterns pair: the vocabulary now lives in fusion/rules.py)."""
     graph = _graph(top_level_only=top_level_only)
     assert len(graph) > 30, "the product module scan found too few modules"
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_type_checking_import_is_an_edge(tmp_path: Path) -> None:
+    code = tmp_path / "m.py"
+    code.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .other import Thing\n")
+    assert "fuseguard.compiler.other" in _imports("fuseguard.compiler.m", code, top_level_only=True)
+    assert "fuseguard.compiler.other" not in _imports("fuseguard.compiler.m", code, top_level_only=True,
+                                                      type_checking=False)
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
@@ -204,3 +215,62 @@ def test_the_compiler_imports_itself_only_relatively() -> None:
                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{name}: {m}" for m in mods if m.split(".")[0] == "compiler" or m.startswith("fuseguard.")]
     assert not bad, bad
+
+
+def _private_imports(name: str, path: Path) -> list[str]:
+    """`from X import _name` where X is another module: a private name used across modules (a package's
+    `__init__` importing its own private submodule, `from . import _aliases`, is the package's own business)."""
+    is_package = path.name == "__init__.py"
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for alias in node.names:
+            if not alias.name.startswith("_") or alias.name.startswith("__"):
+                continue
+            base, full = _resolve(name, node, alias, is_package)
+            if is_package and node.level == 1 and not node.module and full.rsplit(".", 1)[0] == name:
+                continue
+            bad.append(f"line {node.lineno}: {alias.name} from {base or '.'}")
+    return bad
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    offenders = {name: found for name, path in _product_modules().items() if (found := _private_imports(name, path))}
+    assert not offenders, f"private names imported from another module: {offenders}"
+
+
+def test_the_private_import_finder_finds_them(tmp_path: Path) -> None:
+    code = tmp_path / "m.py"
+    code.write_text("from .helpers import _np, public\nfrom . import _own\nfrom fuseguard.verify.bench import _ort\n")
+    assert [b.split(":")[0] for b in _private_imports("fuseguard.compiler.m", code)] == ["line 1", "line 2", "line 3"]
+    package = tmp_path / "__init__.py"
+    package.write_text("from . import _aliases\n")
+    assert _private_imports("fuseguard.compiler", package) == []
+
+
+def test_one_module_says_where_the_project_root_is() -> None:
+    """`compiler/paths.py: PROJECT_ROOT` only: a module that climbs from its own `__file__` to the checkout
+    points the decision database or the baselines at the wrong folder once it moves to another depth."""
+    from fuseguard.compiler.paths import PROJECT_ROOT
+
+    assert all((PROJECT_ROOT / top).is_dir() for top in (*PACKAGES, "baselines")), PROJECT_ROOT
+    climbing = {}
+    for name, path in _product_modules().items():
+        if name == "fuseguard.compiler.paths":
+            continue
+        hits = [f"line {n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.Attribute) and n.attr == "parent" and "__file__" in ast.unparse(n)
+                and ast.unparse(n).count(".parent") >= 2]
+        if hits:
+            climbing[name] = hits
+    assert not climbing, f"modules computing a project root of their own (use compiler.paths.PROJECT_ROOT): {climbing}"
+
+
+def test_every_package_folder_is_in_pyproject() -> None:
+    """pyproject lists packages one by one (the folders install under `fuseguard.`): a folder left out works in
+    a checkout and is missing from the wheel."""
+    tomllib = pytest.importorskip("tomllib")         # Python 3.11+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {_module_name(p) for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")}
+    assert folders == listed, f"missing from pyproject: {sorted(folders - listed)}; not folders: {sorted(listed - folders)}"
