@@ -1,6 +1,7 @@
 """`python -m fuseguard.verify.devicecheck BUNDLE ...`: the device check's stable command (verify/device/check.py).
 
-Imports nothing of TVM's: it runs on a GPU machine that has only Python, NumPy and the bundle."""
+Imports nothing of TVM's: it runs on a GPU machine that has only Python, NumPy and the bundle. The one
+`__main__` of the check, so `device/check.py` can sit with the bundle code it pairs with."""
 
 import os
 import sys

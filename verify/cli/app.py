@@ -1,8 +1,5 @@
-"""The `fuseguard` command line.
-
-Exit codes: 0 all passed, 1 an output mismatched (or a build crashed), 2 unusable input or usage.
-Errors are one line on stderr; `--debug` adds the traceback.
-"""
+"""The `fuseguard` parser (every sub-command's options) and `main`, which dispatches to the handlers and turns
+any error into one line and its exit code (cli/__init__.py lists the codes)."""
 
 from __future__ import annotations
 
@@ -215,6 +212,3 @@ def main(argv: Sequence[str] | None = None) -> int:
               + ("" if getattr(args, "debug", False) else " (--debug shows the traceback)"), file=sys.stderr)
         return EXIT_INTERNAL
 
-
-if __name__ == "__main__":
-    sys.exit(main())

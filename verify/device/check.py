@@ -7,7 +7,7 @@ machine's nvcc with the flags the offline SASS check used (compiler/cuda/sass.py
 unfused outputs against the expected ones (ONNX Runtime's, computed where the bundle was made), both timed;
 each attention kernel against PyTorch's scaled_dot_product_attention, numerics and time. One JSON summary.
 
-    python3 -m verify.devicecheck BUNDLE [--mode smoke|full] [--json OUT.json]
+    python3 -m fuseguard.verify.devicecheck BUNDLE [--mode smoke|full] [--json OUT.json]
 
 Imports nothing of TVM's Python package and nothing of fuseguard's that does (compiler.cuda.sass only for nvcc).
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import platform
 import sys
 import time
@@ -248,8 +247,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"devicecheck: {sum(r['passed'] for r in summary['results'])}/{len(summary['results'])} passed "
           f"in {summary['wall_s']:.0f} s", flush=True)
     return 0 if summary["passed"] else 1
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
