@@ -9,7 +9,9 @@ changes the generated code, so a hit is the same build, and any change misses:
   host's features and cache sizes (what the schedules read);
 * the environment switches schedules read (`FUSEGUARD_CPU_SCHEDULE_*`, `FUSEGUARD_MCPU`, `TVM_NUM_THREADS`)
   and the measured-decision database's content;
-* TVM's and tvm-ffi's versions, a hash of every source file of `compiler/`, the loaded plugins (by source)
+* the toolchain as loaded (`compiler/toolchain.py`: TVM's and tvm-ffi's sources and native libraries by
+  path, size, mtime and inode, LLVM's version: a TVM source tree on `PYTHONPATH` keeps its version string
+  through every edit), a hash of every source file of `compiler/`, the loaded plugins (by source)
   and the registered patterns and passes (by source): the stale-cache bugs of others came from keys that
   named a callable by import path (Inductor) or left the model out (engine caches).
 
@@ -119,8 +121,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
               name: str = "") -> str:
     """The hash of everything that changes the build (module docstring). The model's name is part of it:
     the pipeline hands it to passes and plugins, which may act on it (the harness's fault injection does)."""
-    import tvm
-    import tvm_ffi
+    from . import toolchain
 
     host: dict[str, Any] = {}
     if not spec.is_gpu:
@@ -140,8 +141,7 @@ def build_key(model_bytes: bytes, shapes: Mapping[str, Sequence[int]], options: 
         "host": host,
         "env": env,
         "decisions": _decision_db_id(spec, options),
-        "tvm": getattr(tvm, "__version__", "?"),
-        "tvm_ffi": getattr(tvm_ffi, "__version__", "?"),
+        "toolchain": toolchain.digest(),
         "compiler": compiler_source_hash(),
         "registry": _registry_id(),
     }

@@ -174,3 +174,53 @@ def test_profile_reuses_cached_builds(cache_dir: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: calls.append("build") or real(*a, **k))
     again = profile_model(spec, repeats=2, threads=1)
     assert calls == [] and again.fused and again.unfused
+
+
+_BUILD_ONCE = """
+import sys
+sys.path.insert(0, {tests!r})
+import tvm
+from test_cache import _model
+from fuseguard.compiler import cache
+from fuseguard.compiler.frontend.loader import load
+from fuseguard.compiler.pipeline import CompileOptions
+assert tvm.__file__.startswith({tree!r}), tvm.__file__     # the copy on PYTHONPATH is the TVM loaded
+print("hit" if cache.compile_cached(load(_model(), None, name="m"), CompileOptions()).cache_hit else "miss")
+"""
+
+
+def test_a_tvm_tree_first_on_pythonpath_changed_by_one_line_gets_a_fresh_build(cache_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    """TVM's developers run a source tree first on PYTHONPATH whose version string never changes with their
+    edits: a copy of the installed tvm, one line of its fusion code changed, must miss the cache."""
+    import subprocess
+    import sys
+
+    import tvm
+
+    installed = Path(tvm.__file__).resolve().parent
+    tree = tmp_path / "tvm-tree"
+    # hard links: the 300 MB of libraries are the same files (same inode), the edited file is replaced below
+    import shutil
+
+    shutil.copytree(installed, tree / "tvm", copy_function=os.link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    script = _BUILD_ONCE.format(tests=str(Path(__file__).parent), tree=str(tree))
+
+    def build() -> str:
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.split()[-1]
+
+    assert build() == "miss"
+    assert build() == "hit"                      # the unchanged tree is a stable key
+    fusion = tree / "tvm" / "relax" / "transform" / "transform.py"
+    text = fusion.read_text()
+    assert "def FuseOps(fuse_opt_level=-1)" in text
+    fusion.unlink()                              # a new file: the installed one stays untouched
+    fusion.write_text(text.replace("def FuseOps(fuse_opt_level=-1)", "def FuseOps(fuse_opt_level=2)", 1))
+    assert build() == "miss"                     # one line of fusion code changed: a fresh build
+    assert build() == "hit"

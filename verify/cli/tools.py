@@ -71,6 +71,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     info = cache.info()
     print(f"{info['directory']}: {info['entries']} build(s), {info['bytes'] / 2**20:.1f} MiB "
           f"(cap {info['max_bytes'] / 2**20:.0f} MiB, least recently used go first)")
+    from fuseguard.compiler import toolchain
+
+    print("the key sees this toolchain:")
+    for line in toolchain.describe():
+        print(f"  {line}")
     return EXIT_OK
 
 
