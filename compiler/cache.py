@@ -74,7 +74,11 @@ def compiler_source_hash() -> str:
 
 
 def _callable_id(fn: Any) -> str:
-    """A callable by its source (a changed body misses), its qualified name when source is unavailable."""
+    """A callable by its source (a changed body misses), its qualified name when source is unavailable; an
+    object that names itself (`cache_id()`: a pass with parameters, such as an injected fault) by that."""
+    own = getattr(fn, "cache_id", None)
+    if callable(own):
+        return str(own())
     target = getattr(fn, "__wrapped__", fn)
     try:
         return _sha(inspect.getsource(target).encode())[:16]

@@ -120,6 +120,55 @@ def _count_blocks(mod: tvm.IRModule, gv: relax.Expr, cache: dict[str, int]) -> i
     return cache[name]
 
 
+def output_cones(func: Any) -> list[tuple[set[int], int]] | None:
+    """For each output buffer of a multi-output PrimFunc: (indices of the params its value depends on, TIR
+    blocks on its cone). A fused add + RMSNorm returns the residual sum and the normalised value; aligned as
+    one kernel, both fields looked like the whole group and both were mapped to the norm's output, so the sum
+    (correct) was compared with the norm and blamed. Each field is aligned as the sub-group that computes it.
+    None when the function is not a TIR PrimFunc made of blocks."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    params = list(func.params)
+    blocks: list[Any] = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: blocks.append(b) if b.name_hint != "root" else None),
+                            order="post")
+    if not blocks:
+        return None
+    writers: dict[Any, list[int]] = {}
+    for i, b in enumerate(blocks):
+        for region in b.writes:
+            writers.setdefault(region.source, []).append(i)
+
+    def source_of(buf: Any) -> Any:
+        return next((key for key in writers if key.same_as(buf)), None)
+
+    cones = []
+    for out in params:
+        key = source_of(out)
+        if key is None:
+            continue
+        seen: set[int] = set()
+        read_params: set[int] = set()
+        stack = list(writers[key])
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            for region in blocks[i].reads:
+                for j, p in enumerate(params):
+                    if region.source.same_as(p) and not p.same_as(out):
+                        read_params.add(j)
+                producer = source_of(region.source)
+                if producer is not None:
+                    stack.extend(w for w in writers[producer] if w not in seen)
+        cones.append((read_params, len(seen)))
+    return cones
+
+
 def _flat_len(ty: Any) -> int:
     if isinstance(ty, relax.TupleType):
         return sum(_flat_len(f) for f in ty.fields)
@@ -148,6 +197,7 @@ class CapturePass:
         seen: dict[str, int] = {}
         captured: list[relax.Var] = []
         blocks_cache: dict[str, int] = {}
+        cones_cache: dict[str, list[tuple[set[int], int]] | None] = {}
         names: dict[relax.Var, str] = {p: p.name for p in func.params}
 
         def arg_of(expr: relax.Expr) -> KernelArg | None:
@@ -158,24 +208,30 @@ class CapturePass:
                 return KernelArg(const=key) if key else None
             return None
 
-        def add(var: relax.Var, gv: relax.Expr, args: list[KernelArg], tuple_index: int | None) -> None:
+        def add(var: relax.Var, gv: relax.Expr, args: list[KernelArg | None], tuple_index: int | None) -> None:
             tt = _tensor_type(var)
             if tt is None:
                 return
+            blocks = _count_blocks(mod, gv, blocks_cache)
+            if tuple_index is not None and isinstance(gv, relax.GlobalVar):
+                cones = cones_cache.setdefault(gv.name_hint, output_cones(mod[gv]))
+                if cones is not None and tuple_index < len(cones):
+                    reads, blocks = cones[tuple_index]
+                    args = [a for i, a in enumerate(args) if i in reads]
+            args = [a for a in args if a is not None]
             count = seen.get(var.name, 0)
             seen[var.name] = count + 1
             key = var.name if count == 0 else f"{var.name}#{count}"
             names[var] = key
             kernel = CapturedKernel(key=key, var=var.name,
                                     function=gv.name_hint if isinstance(gv, relax.GlobalVar) else str(gv),
-                                    args=args, shape=tt[0], dtype=tt[1],
-                                    blocks=_count_blocks(mod, gv, blocks_cache),
+                                    args=args, shape=tt[0], dtype=tt[1], blocks=blocks,
                                     index=len(manifest.kernels), tuple_index=tuple_index)
             manifest.kernels.append(kernel)
             producers[var] = kernel
             captured.append(var)
 
-        calls: dict[relax.Var, tuple[relax.Expr, list[KernelArg]]] = {}
+        calls: dict[relax.Var, tuple[relax.Expr, list[KernelArg | None]]] = {}
         for block in func.body.blocks:
             for binding in block.bindings:
                 if not isinstance(binding, relax.VarBinding):
@@ -185,7 +241,7 @@ class CapturePass:
                     gv = value.args[0]
                     inner = value.args[1]
                     fields = inner.fields if isinstance(inner, relax.Tuple) else [inner]
-                    args = [a for a in (arg_of(f) for f in fields) if a is not None]
+                    args = [arg_of(f) for f in fields]
                     if isinstance(var.ty, relax.TupleType):
                         calls[var] = (gv, args)
                         names[var] = var.name

@@ -157,7 +157,10 @@ class CompileOptions:
         precision_check(self.precision)
 
     def unfused(self) -> "CompileOptions":
-        return replace(self, fusion=False)
+        """The fallback build; passes marked `fused_only` (they model a change to fusion, such as a fault placed
+        in one fused kernel) are left out of it."""
+        return replace(self, fusion=False, extra_passes=tuple((s, f) for s, f in self.extra_passes
+                                                              if not getattr(f, "fused_only", False)))
 
     def to_dict(self, passes: Callable[[PassLike], Any] | None = None) -> dict[str, Any]:
         """Plain values, for the build cache's key, another tree's CompileOptions (the A/B gate) and the

@@ -33,6 +33,11 @@ class Culprit:
     reason: str = ""                # the cost model's reason for fusing it
     via: str = "kernel capture"     # or "ONNX-order bisection"
     fp64: str = ""                  # reduced precision: its error against fp64 beside the unfused kernel's
+    #: True: its reproducer fails fused vs unfused on its own; False: it passes (the culprit is unconfirmed);
+    #: None: not checked (--no-confirm, or no reproducer could be cut)
+    proven: bool | None = None
+    #: fused kernels with no unfused counterpart upstream of it, compared together with it: suspects too
+    suspects: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "error"}
@@ -73,6 +78,8 @@ class BisectResult:
     reproducer: Reproducer | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: culprits whose reproducer passed on its own (misaligned or innocent), in the order they were tried
+    refuted: list[Culprit] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.status == "no-drift"
@@ -92,7 +99,8 @@ class BisectResult:
             return f"{self.model}: drift, not localised ({'; '.join(self.notes) or 'no kernel diverged'})"
         c = self.culprit
         what = f"{c.pattern} group" if c.pattern else "operator"
-        return (f"{self.model}: {c.blame} drift at {what} {c.function or c.kernel} "
+        proof = {True: "proven", False: "UNCONFIRMED", None: "not confirmed"}[c.proven]
+        return (f"{self.model}: {c.blame} drift at {what} {c.function or c.kernel} [{proof}] "
                 f"({', '.join(c.onnx_nodes[:6])}{' ...' if len(c.onnx_nodes) > 6 else ''}): "
                 f"max abs err {_fmt(c.error.max_abs_error)}")
 
@@ -109,6 +117,7 @@ class BisectResult:
             "seconds": self.seconds, "timings": dict(self.timings),
             "reproducer": self.reproducer.to_dict() if self.reproducer else None,
             "error": self.error, "notes": list(self.notes), "exit_code": self.exit_code,
+            "refuted": [c.to_dict() for c in self.refuted],
         }
 
     def __rich__(self) -> Any:
@@ -152,7 +161,17 @@ class BisectResult:
                 t.add_row("vs fp64", escape(c.fp64))
             if c.reason:
                 t.add_row("why fused", escape(c.reason))
+            if c.suspects:
+                t.add_row("suspects too", escape(", ".join(c.suspects) + " (no unfused counterpart, compared "
+                                                 "together with it)"))
+            t.add_row("proof", {True: "[red]proven[/]: its reproducer fails fused vs unfused on its own",
+                                False: "[yellow]UNCONFIRMED[/]: its reproducer passes on its own",
+                                None: "not checked"}[c.proven])
             parts.append(t)
+        for c in self.refuted:
+            parts.append(f"[yellow]refuted:[/] {escape(c.function or c.kernel)} ({escape(c.pattern or 'operator')}) "
+                         f"differed from {escape(', '.join(c.onnx_outputs))} by {_fmt(c.error.max_abs_error)}, but its "
+                         f"reproducer passes on its own: a kernel with no exact unfused counterpart, not blamed")
         if self.reproducer is not None:
             r = self.reproducer
             state = {True: "[red]fails verify on its own[/]", False: "[yellow]passes verify on its own[/]",
