@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path

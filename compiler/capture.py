@@ -289,6 +289,9 @@ class Alignment:
     how: dict[str, str] = field(default_factory=dict)          # "name" | "output" | "anchor" | "structure"
     members: dict[str, list[str]] = field(default_factory=dict)  # fused key -> unfused keys it fuses
     unmapped: list[str] = field(default_factory=list)
+    #: unmapped fused kernel -> the mapped unfused tensors its region (it and the unmapped kernels before it)
+    #: reads: where a cut-out around a kernel that reads it starts
+    regions: dict[str, list[str]] = field(default_factory=dict)
 
 
 def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[str, str] | None = None,
@@ -309,6 +312,9 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
     m: dict[str, str] = {p: p for p in fused.params if p in set(unfused.params)}
     out_map = dict(zip(fused.outputs, unfused.outputs))
     used: set[str] = set()
+    fkeys = fused.by_key()
+    #: unmapped fused kernel -> (the mapped tensors its region reads, the unmapped kernels in the region)
+    regions: dict[str, tuple[list[str], list[str]]] = {}
 
     for f in fused.kernels:
         if f.key in out_map and out_map[f.key] in ukeys:
@@ -324,6 +330,18 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
             if target.shape == f.shape and target.dtype == f.dtype:
                 m[f.key], result.how[f.key] = target.key, "anchor"
         inputs = [m.get(v) for v in f.input_vars]
+        absorbed: list[str] = []
+        if f.key not in m and any(i is None for i in inputs):
+            # an input from a fused kernel with no unfused counterpart (a layout transpose the attention kernel
+            # needs): search from that kernel's own mapped inputs, the two compared as one region
+            widened: list[str | None] = []
+            for v, i in zip(f.input_vars, inputs):
+                if i is None and v in regions:
+                    widened.extend(regions[v][0])
+                    absorbed.extend(regions[v][1])
+                else:
+                    widened.append(i)
+            inputs = widened
         if f.key in m:
             closure = None
             if all(i is not None for i in inputs):
@@ -334,6 +352,7 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
         if any(i is None for i in inputs):
             result.unmapped.append(f.key)
             continue
+        own_blocks = f.blocks + sum(fkeys[a].blocks for a in absorbed)
         want_inputs = set(inputs)  # type: ignore[arg-type]
         after = max((order.get(i, -1) for i in want_inputs), default=-1)
         best: tuple[tuple[int, ...], CapturedKernel, list[str]] | None = None
@@ -348,16 +367,23 @@ def align(fused: CaptureManifest, unfused: CaptureManifest, *, anchors: Mapping[
                 continue
             consts = sorted(c for k in members for c in ukeys[k].consts)
             blocks = sum(ukeys[k].blocks for k in members)
-            score = (int(consts == f.consts), int(blocks == f.blocks), int(u.key not in used), -len(members))
+            if f.blocks and blocks < own_blocks:
+                # the fused kernel does more than these unfused ops (an extra transpose): it holds another
+                # value, of the same shape when head_dim == seq. (Recognised norms are fewer blocks, never more.)
+                continue
+            want_consts = sorted(f.consts + [c for a in absorbed for c in fkeys[a].consts])
+            score = (int(consts == want_consts), int(blocks == own_blocks), int(u.key not in used), -len(members))
             if best is None or score > best[0]:
                 best = (score, u, members)
-        if best is None or best[0][0] == 0 and f.consts:
+        if best is None or best[0][0] == 0 and (f.consts or absorbed):
             result.unmapped.append(f.key)
+            regions[f.key] = ([i for i in inputs if i is not None], absorbed + [f.key])
             continue
-        m[f.key], result.how[f.key] = best[1].key, "structure"
+        m[f.key], result.how[f.key] = best[1].key, "structure" if not absorbed else "structure+" + ",".join(absorbed)
         result.members[f.key] = sorted(best[2], key=lambda k: order[k])
         used.add(best[1].key)
     result.mapping = {k: v for k, v in m.items() if k not in fused.params}
+    result.regions = {k: list(v[0]) for k, v in regions.items()}
     return result
 
 

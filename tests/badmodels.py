@@ -253,6 +253,11 @@ CASES: list[tuple[BadCase, Builder]] = [
      lambda d: None),
     (BadCase("directory", "a directory named like a model", "folder.onnx", expect=("folder.onnx", "directory")),
      lambda d: (d / "folder.onnx").mkdir()),
+    (BadCase("string-input", "an input of element type STRING", "strings.onnx",
+             expect=("strings.onnx", "'x'", "STRING")),
+     lambda d: _save(_model([helper.make_node("Identity", ["x"], ["y"], name="same")],
+                            [_vi("x", [2], TensorProto.STRING)], [_vi("y", [2], TensorProto.STRING)]),
+                     d / "strings.onnx")),
 ]
 
 

@@ -199,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FuseguardError as err:
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"fuseguard: error: {err}", file=sys.stderr)
+        from .common import about, model_label
+
+        print(f"fuseguard: error: {about(model_label(args), err)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("fuseguard: interrupted", file=sys.stderr)

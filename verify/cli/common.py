@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,28 @@ def dim_sizes(item: str, dynamic: set[str], flag: str, *, name_optional: bool = 
 FAILED_CALL = object()
 
 
+def about(label: str, err: BaseException | str) -> str:
+    """`err`'s message naming the model it is about: prefixed with `label` (the model's path or suite name)
+    unless the message already names it (a message from deep inside, such as an input of element type STRING,
+    knew the input but not the file)."""
+    text = str(err)
+    stem = Path(label).stem if label else ""
+    if not label or label in text or (stem and stem in text):
+        return text
+    return f"{label}: {text}"
+
+
+def model_label(args: argparse.Namespace) -> str:
+    """The one model a single-model command (profile, bisect, reduce, compile, cliff) is about, else ""."""
+    for attr in ("model", "models"):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], str):
+            return value[0]
+    return ""
+
+
 def call_one(args: argparse.Namespace, worker: Any, task: str, label: str, what: str, **kwargs: Any) -> Any:
     """`worker.call(task)` for one model; a failure is reported in one line, lands in `args.worst`, and
     returns `FAILED_CALL`."""
@@ -79,7 +102,7 @@ def call_one(args: argparse.Namespace, worker: Any, task: str, label: str, what:
     try:
         return worker.call(task, what=what, timeout=args.timeout, **kwargs)
     except FuseguardError as err:
-        print(f"fuseguard: error: {err}", file=sys.stderr)
+        print(f"fuseguard: error: {about(label, err)}", file=sys.stderr)
         args.worst = max(getattr(args, "worst", EXIT_OK), err.exit_code)
     except (WorkerFailure, WorkerTaskError) as err:
         print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -9,7 +9,7 @@ from typing import Any
 
 from fuseguard.compiler import settings
 from fuseguard.compiler.errors import FuseguardError, UsageError
-from .common import (EXIT_MISMATCH, EXIT_OK, FAILED_CALL, call_one, dim_sizes, each_model, model_sources, options_of,
+from .common import (about, EXIT_MISMATCH, EXIT_OK, FAILED_CALL, call_one, dim_sizes, each_model, model_sources, options_of,
                      shapes_for)
 
 
@@ -62,7 +62,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def failed(label: str, err: Exception) -> None:
         nonlocal worst
         if isinstance(err, FuseguardError):
-            print(f"fuseguard: error: {err}", file=sys.stderr)
+            print(f"fuseguard: error: {about(label, err)}", file=sys.stderr)
             worst = max(worst, err.exit_code)
         else:
             print(f"fuseguard: error: {label}: {str(err).splitlines()[0]}", file=sys.stderr)

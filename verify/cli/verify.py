@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fuseguard.compiler.errors import FuseguardError, UsageError
-from .common import EXIT_MISMATCH, EXIT_OK, FAILED_CALL, call_one, model_sources, options_of
+from .common import about, EXIT_MISMATCH, EXIT_OK, FAILED_CALL, call_one, model_sources, options_of
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -140,7 +140,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             except FuseguardError as err:
                 if args.debug and getattr(err, "remote_traceback", None):
                     print(err.remote_traceback, file=sys.stderr)
-                message, code = str(err), err.exit_code
+                message, code = about(label, err), err.exit_code
             except (WorkerFailure, WorkerTaskError) as err:
                 message = f"{label}: " + (str(err) if args.debug else str(err).split("\n--- last lines", 1)[0])
                 code = EXIT_MISMATCH

@@ -504,7 +504,9 @@ class _Bisector:
             suspects: list[str] = []
             for v in k.input_vars:
                 suspects += unmapped_upstream(v, set())
-            ins = [t for v in k.input_vars for t in self._named(alignment.mapping.get(v, v), unfused, u2onnx)]
+            ins = [t for v in k.input_vars
+                   for u in ([alignment.mapping[v]] if v in alignment.mapping else alignment.regions.get(v, [v]))
+                   for t in self._named(u, unfused, u2onnx)]
             record = self._fusion_record(k, target, fused, unfused, alignment, u2onnx.get(target, target), actual,
                                          ref, ins, inputs_agree, input_errors)
             record.suspects = [f"{by_key[s].function} -> {s}" for s in suspects]
