@@ -3,8 +3,8 @@
 A fault is injected after FuseTIR (stage ``after_tir_fusion``), into the PrimFunc one call site of ``main``
 runs: the kernel that actually executes, so a fault in the tiled attention kernel (which replaces its
 composite: a fault in the composite's body never runs) is a fault in what runs. When FuseTIR shares one
-PrimFunc between identical groups, the called function is copied and only the chosen call site is pointed at
-the faulty copy, so exactly one group is wrong. The pass is marked ``fused_only``: `CompileOptions.unfused()`
+PrimFunc between identical groups, the called function is copied (``<name>_fault``) and only the chosen call
+site is pointed at the faulty copy, so exactly one group is wrong; a function called once is changed in place. The pass is marked ``fused_only``: `CompileOptions.unfused()`
 drops it, so the unfused build stays the correct reference, as with a real fusion bug.
 
 Two families (issue 50), each applied to the last block that writes the kernel's output:
@@ -48,6 +48,7 @@ class KernelFault:
     #: filled by the pass: the var `main` binds the faulty call to, and what was changed
     site: str = field(default="", compare=False)
     changed: str = field(default="", compare=False)
+    function: str = field(default="", compare=False)     # the faulty PrimFunc's name in the first build
     _original: Any = field(default=None, compare=False, repr=False)
     calls_seen: int = field(default=0, compare=False, repr=False)
 
@@ -102,6 +103,11 @@ class KernelFault:
         var, call = sites[index]
         outputs = len(var.ty.fields) if isinstance(var.ty, relax.TupleType) else 1
         faulty, self.changed = _fault_primfunc(func, self.kind, self.size, outputs)
+        if len(sites) == 1:       # called once: changed in place, under its own name (what the report knows)
+            out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+            out[gv] = faulty
+            self.site, self.function = var.name, self.function or gv.name_hint
+            return out
         builder = relax.BlockBuilder(mod)
         new_gv = builder.add_func(faulty.without_attr("global_symbol"), f"{gv.name_hint}_fault")
         mod = builder.get()
@@ -114,7 +120,7 @@ class KernelFault:
 
         functions[mod.get_global_var("main")] = tvm_ffi.structural_map(main, (relax.Call, swap), order="post")
         out = relax.transform.Normalize()(tvm.IRModule(functions, attrs=mod.attrs))   # the new call's type
-        self.site = var.name
+        self.site, self.function = var.name, self.function or new_gv.name_hint
         return out
 
 
@@ -345,7 +351,7 @@ def run_fault(loaded: Any, options: Any, site: Site, kind: str, size: float, out
     out.below_tolerance = fused is not None and bool(fused) and result.status == "no-drift"
     c = result.culprit
     if c is not None:
-        out.localised = c.function.endswith("_fault")     # the one faulty copy KernelFault made
+        out.localised = bool(fault.function) and c.function == fault.function
         out.proven = bool(out.localised and result.reproducer is not None and result.reproducer.confirmed)
         out.blamed = "" if out.localised else f"{c.pattern or 'operator'} {c.function or c.kernel}"
     out.detail = result.summary()
