@@ -598,7 +598,9 @@ class _Bisector:
             self.result.builds += 2
             # proven only by a comparison that ran: the fused cut-out fails while the unfused one passes (a
             # cut-out that does not build, or whose unfused side fails too, proves nothing about fusion)
-            fused_failed = verdict.fused.compare is not None and not verdict.fused.compare
+            fp64 = getattr(verdict.fused, "fp64", None)       # reduced precision: judged against fp64 too
+            fused_failed = verdict.fused.compare is not None and (not verdict.fused.compare
+                                                                  or (fp64 is not None and not fp64))
             unfused_ok = verdict.unfused is None or (verdict.unfused.compare is not None and bool(verdict.unfused.compare))
             repro.confirmed = (fused_failed and unfused_ok) if culprit.blame == BLAME_FUSION else not verdict.passed
             parts = [f"{b.config}: {b.compare.summary() if b.compare is not None else b.error}"
