@@ -41,15 +41,18 @@ def _parse_faults(text: str) -> list[tuple[str, float]]:
 
 
 def pick_sites(sites: list, per_kind: int = 1) -> list:
-    """The middle call site of each kind (repeated layers: not the first, where names and shapes are unique)."""
+    """`per_kind` call sites of each kind, spread over its calls: with one, the lower middle call
+    (index len // 2 - 1: the last of the first half, past the first layer's unique names and shapes)."""
     by_kind: dict[str, list] = defaultdict(list)
     for s in sites:
         by_kind[s.kind].append(s)
     chosen = []
-    for kind, group in by_kind.items():
+    for group in by_kind.values():
         step = max(1, len(group) // (per_kind + 1))
-        chosen.extend(group[min(len(group) - 1, step * (i + 1) - (1 if per_kind == 1 else 0))]
-                      for i in range(min(per_kind, len(group))))
+        if per_kind == 1:
+            chosen.append(group[max(0, step - 1)])
+        else:
+            chosen.extend(group[min(len(group) - 1, step * (i + 1))] for i in range(min(per_kind, len(group))))
     return chosen
 
 
@@ -57,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     from fuseguard.compiler.frontend.loader import load
     from fuseguard.compiler.pipeline import CompileOptions
     from fuseguard.suites.zoo import load_zoo_model, zoo_entries, zoo_entry
-    from fuseguard.verify.check.inputs import make_inputs
     from fuseguard.verify.debug.bisect import bisect_model
     from fuseguard.verify.debug.faults import FaultOutcome, fused_sites, prepared, run_fault
 
@@ -77,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         entry = zoo_entry(name)
         loaded = prepared(load(load_zoo_model(name, seed=0), {k: v[0] for k, v in entry.inputs.items()}, name=name))
-        inputs = make_inputs(loaded.model, loaded.input_shapes, seed=0,
-                             user=None) if not entry.vocab else None
         options = CompileOptions()
         with tempfile.TemporaryDirectory() as tmp:
             clean = bisect_model(loaded, options=options, out_dir=tmp, confirm=False)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, size in faults:
                 with tempfile.TemporaryDirectory() as tmp:
                     try:
-                        out = run_fault(loaded, options, site, kind, size, tmp, inputs)
+                        out = run_fault(loaded, options, site, kind, size, tmp)
                     except Exception as err:  # noqa: BLE001 - a fault the harness could not run is a row, not the end
                         out = FaultOutcome(name, site, kind, size, applied=False,
                                            detail=f"{type(err).__name__}: {err}")

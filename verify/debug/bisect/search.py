@@ -65,6 +65,11 @@ class _Bisector:
         self.result = BisectResult(model=loaded.name, target="", status="drift")
         self.fp64: Any = None    # a reduced build's outputs vs fp64 (verify.check.precision.Fp64Check)
         self.per_output: dict[str, Tolerance] | None = None     # per-tensor tolerances (reduced precision)
+        #: capture keys of fused suspects searched past (refuted, or without a cut-out): their consumers are
+        #: judged as if they agreed, and their captured values are not fed to later cut-outs
+        self.refuted: set[str] = set()
+        #: each tried suspect's reproducer (by id), so the one shown is always the reported culprit's
+        self.reproducers: dict[int, Reproducer | None] = {}
         self.start = time.perf_counter()
 
     # -- steps
@@ -180,16 +185,8 @@ class _Bisector:
             if lowering is not None:
                 culprits.append(lowering)
         if not fused_ok or (res.unfused_vs_reference and not culprits):
-            if gold is not None:
-                fusion = self._fusion_culprit_fp64(fused, unfused, alignment, u2onnx, gold)
-            else:
-                fusion = self._proven_fusion_culprit(fused, unfused, alignment, u2onnx, reference)
-                if fusion is not None and culprits:       # the lowering culprit comes first and gets the reproducer
-                    culprits.append(fusion)
-                    return self._localised(culprits, fused, unfused, alignment, u2onnx, reference)
-                if fusion is not None:
-                    res.culprit = fusion
-                    return self._finish()
+            fusion = (self._fusion_culprit_fp64(fused, unfused, alignment, u2onnx, gold) if gold is not None
+                      else self._proven_fusion_culprit(fused, unfused, alignment, u2onnx, reference))
             if fusion is not None:
                 culprits.append(fusion)
             elif not res.unfused_vs_reference:
@@ -205,12 +202,14 @@ class _Bisector:
         res = self.result
         if culprits:
             res.culprit, res.other = culprits[0], culprits[1:]
-            start = time.perf_counter()
-            try:
-                res.reproducer = self._reproducer(res.culprit, fused, unfused, alignment, u2onnx, reference)
-            except Exception as err:  # the verdict stands without a reproducer
-                res.notes.append(f"no reproducer: {type(err).__name__}: {err}")
-            self._timed("reproducer", start)
+            res.reproducer = self.reproducers.get(id(res.culprit))   # written while the suspects were tried
+            if id(res.culprit) not in self.reproducers:
+                start = time.perf_counter()
+                try:
+                    res.reproducer = self._reproducer(res.culprit, fused, unfused, alignment, u2onnx, reference)
+                except Exception as err:  # the verdict stands without a reproducer
+                    res.notes.append(f"no reproducer: {type(err).__name__}: {err}")
+                self._timed("reproducer", start)
         return self._finish()
 
     # -- reduced precision (fp16/bf16 builds)
@@ -419,7 +418,6 @@ class _Bisector:
         res = self.result
         first: Culprit | None = None
         unchecked: list[Culprit] = []
-        self._refuted_keys: set[str] = set()
         for tried, candidate in enumerate(self._fusion_candidates(fused, unfused, alignment, u2onnx)):
             first = first or candidate
             start = time.perf_counter()
@@ -430,25 +428,24 @@ class _Bisector:
                 res.notes.append(f"no reproducer for {candidate.function or candidate.kernel}: "
                                  f"{type(err).__name__}: {str(err)[:300]}")
                 candidate.proven = None
+                self.reproducers[id(candidate)] = None
                 unchecked.append(candidate)
-                self._refuted_keys.add(candidate.kernel)      # searched past, as a refuted suspect is
+                self.refuted.add(candidate.kernel)      # searched past, as a refuted suspect is
                 continue
             finally:
                 self._timed("reproducer", start)
+            self.reproducers[id(candidate)] = repro
             if not self.confirm:          # written, not verified: the first suspect, unproven
-                res.reproducer = repro
                 return candidate
             if repro.confirmed:
                 candidate.proven = True
-                res.reproducer = repro
                 if unchecked:
                     res.notes.append(f"earlier suspect(s) without a reproducer: "
                                      f"{', '.join(c.function or c.kernel for c in unchecked)}")
                 return candidate
             candidate.proven = False
             res.refuted.append(candidate)
-            res.reproducer = res.reproducer or repro
-            self._refuted_keys.add(candidate.kernel)
+            self.refuted.add(candidate.kernel)
             if tried + 1 >= self.MAX_CANDIDATES:
                 res.notes.append(f"stopped after {self.MAX_CANDIDATES} unconfirmed suspects")
                 break
@@ -465,7 +462,7 @@ class _Bisector:
         through refuted suspects): each a Culprit record. A fused kernel with no unfused counterpart upstream
         of one is named among its suspects, never skipped."""
         agree: dict[str, float | None] = {p: 0.0 for p in fused.manifest.params}
-        refuted: set[str] = getattr(self, "_refuted_keys", set())
+        refuted = self.refuted
         by_key = fused.manifest.by_key()
         unmapped = set(alignment.unmapped)
 
@@ -564,9 +561,8 @@ class _Bisector:
             if key in unfused.captures:
                 values.setdefault(tensor, unfused.captures[key])
         if culprit.blame == BLAME_FUSION:  # the values the fused kernel actually read
-            refuted = getattr(self, "_refuted_keys", set())
             for f_key, u_key in alignment.mapping.items():
-                if u_key in u2onnx and f_key in fused.captures and f_key not in refuted:
+                if u_key in u2onnx and f_key in fused.captures and f_key not in self.refuted:
                     values[u2onnx[u_key]] = fused.captures[f_key]
         g = self.graph
         inputs = [t for t in culprit.onnx_inputs if not g.is_constant(t)]
